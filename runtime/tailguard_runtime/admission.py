@@ -1,0 +1,73 @@
+"""Admission: take a request into the queue, or refuse it at once with a reason.
+
+Pure arithmetic over numbers the batcher passes in (rows queued, the drain estimate, the
+request's deadline and a monotonic ``now`` in seconds); no clock reads and no I/O. The queue is
+measured in rows, the unit of ``maxQueueSize``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import Overloaded, PayloadTooLarge
+
+EWMA_ALPHA = 0.2
+"""Weight of the newest batch in the batch-duration average (a common smoothing choice: the
+last ~5 batches dominate, so the estimate follows load changes within a few batches)."""
+
+
+@dataclass
+class DrainEstimate:
+    """A running estimate of how long one batch takes, in seconds.
+
+    ``batch_seconds`` is ``None`` until the first batch completes; until then nothing is refused
+    for its deadline (there is no evidence it cannot be met).
+    """
+
+    batch_seconds: float | None = None
+
+    def record(self, seconds: float) -> None:
+        """Fold in the duration of a finished model call, in seconds."""
+        if self.batch_seconds is None:
+            self.batch_seconds = seconds
+        else:
+            self.batch_seconds += EWMA_ALPHA * (seconds - self.batch_seconds)
+
+    def wait_seconds(self, rows_ahead: int, max_batch_size: int, busy: bool) -> float:
+        """Estimated seconds until ``rows_ahead`` queued rows have been through the model.
+
+        ``busy``: a batch is computing now; its remainder is counted as one whole batch (an upper
+        bound: the batch loop does not know how far along the model is).
+        """
+        if self.batch_seconds is None:
+            return 0.0
+        batches = math.ceil(rows_ahead / max_batch_size) + (1 if busy else 0)
+        return batches * self.batch_seconds
+
+
+def admit(*, n_rows: int, queued_rows: int, max_queue_size: int, max_batch_size: int,
+          time_left_s: float, estimate: DrainEstimate, busy: bool) -> None:
+    """Decide whether a request of ``n_rows`` rows may join the queue.
+
+    ``time_left_s`` is the seconds from now to the request's deadline.
+
+    Raises:
+        PayloadTooLarge: ``n_rows`` exceeds ``max_queue_size``; it could never fit.
+        Overloaded: reason ``queue_full`` when the rows do not fit in the free queue space;
+            reason ``deadline`` when the estimated wait for the queue ahead plus this request's
+            own rows exceeds ``time_left_s``. ``retry_after_s`` is the estimated time for the
+            current queue to drain, rounded up to whole seconds (at least 1).
+    """
+    if n_rows > max_queue_size:
+        raise PayloadTooLarge(f"request has {n_rows} rows but the queue holds at most "
+                              f"{max_queue_size} rows (maxQueueSize); split it into smaller requests")
+    drain_s = estimate.wait_seconds(queued_rows, max_batch_size, busy)
+    if queued_rows + n_rows > max_queue_size:
+        raise Overloaded(f"queue full: {queued_rows} of {max_queue_size} rows waiting, request "
+                         f"has {n_rows}", math.ceil(drain_s), "queue_full")
+    needed_s = estimate.wait_seconds(queued_rows + n_rows, max_batch_size, busy)
+    if needed_s > time_left_s:
+        raise Overloaded(f"deadline cannot be met: about {needed_s * 1000:.0f} ms of queued work "
+                         f"ahead, {max(time_left_s, 0) * 1000:.0f} ms left", math.ceil(drain_s),
+                         "deadline")

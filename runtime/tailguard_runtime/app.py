@@ -1,0 +1,253 @@
+"""HTTP routes: a bare ASGI inference path, and FastAPI for everything else.
+
+The two inference routes (v2 ``POST /v2/models/{name}[/versions/{v}]/infer`` and v1
+``POST /v1/models/{name}:predict``) are served by :class:`InferenceApp` directly as ASGI, with
+orjson and no request model: at thousands of requests per second every 0.1 ms counts. All other
+routes (health, readiness, metadata, ``/metrics``, the stats and traffic routes) go to a FastAPI
+app. Every error body is the protocol's ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, MutableMapping
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import __version__
+from .errors import (Draining, InvalidInput, ModelFailed, ModelNotFound, NotReady,
+                     PayloadTooLarge, TailguardError)
+from .protocol import decode_v1, decode_v2, encode_error, encode_v1, encode_v2, parse_timeout_header
+from .service import Runtime, ServedModel
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+LOOPBACK = frozenset(("127.0.0.1", "::1", "localhost"))
+
+
+class InferenceApp:
+    """The runtime's ASGI application.
+
+    ``POST`` to an inference path is handled here; anything else is passed to ``fallthrough``
+    (the FastAPI app built by :func:`build_app`).
+    """
+
+    def __init__(self, runtime: Runtime, fallthrough: Callable[[Scope, Receive, Send], Awaitable[None]]):
+        self.runtime = runtime
+        self.fallthrough = fallthrough
+        self.max_body = runtime.settings.max_body_bytes
+        self.default_timeout_s = runtime.settings.batching.timeout_ms / 1000.0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith("/v2/models/") and path.endswith("/infer"):
+                name = path[11:-6]
+                if "/versions/" in name:
+                    name = name.split("/versions/", 1)[0]
+                await self._infer(scope, receive, send, name, v2=True)
+                return
+            if path.startswith("/v1/models/") and path.endswith(":predict"):
+                await self._infer(scope, receive, send, path[11:-8], v2=False)
+                return
+        await self.fallthrough(scope, receive, send)
+
+    async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str, v2: bool) -> None:
+        runtime = self.runtime
+        served: ServedModel | None = None
+        loop_time = _loop_time()
+        arrival = loop_time()
+        admitted = False
+        try:
+            if name != runtime.name:
+                raise ModelNotFound(f"model {name!r} not found; this runtime serves {runtime.name!r}")
+            if runtime.draining:
+                raise Draining("runtime is draining: not accepting new requests")
+            if not runtime.ready:
+                raise NotReady(f"model {name!r} is not ready yet")
+            served = runtime.active
+            timeout_s = self.default_timeout_s
+            for key, value in scope["headers"]:
+                if key == b"content-length" and int(value) > self.max_body:
+                    raise PayloadTooLarge(f"body of {int(value)} bytes exceeds the limit of "
+                                          f"{self.max_body} bytes")
+                if key == b"x-request-timeout-ms":
+                    timeout_s = min(timeout_s, parse_timeout_header(value))
+                if key == b"inference-header-content-length":
+                    raise InvalidInput("binary tensor data is not supported; send JSON tensors "
+                                       "(tritonclient: binary_data=False)", 400)
+            body = await self._read_body(receive)
+            predictor = served.predictor
+            if v2:
+                request = decode_v2(body, predictor.n_features, [o.name for o in predictor.outputs])
+                x = request.x
+                if request.timeout_us is not None:
+                    timeout_s = min(timeout_s, request.timeout_us / 1e6)
+            else:
+                x = decode_v1(body, predictor.n_features)
+            admitted = True
+            outputs = await served.batcher.submit(x, timeout_s)
+            if v2:
+                payload = encode_v2(runtime.name, served.version, request.id, predictor.outputs,
+                                    outputs, request.outputs)
+            else:
+                payload = encode_v1(outputs[0])
+        except TailguardError as exc:
+            await self._fail(send, served, exc, arrival, loop_time(), admitted)
+            return
+        except Exception as exc:  # a bug of ours: answer 500, keep serving
+            logger.exception("unexpected error serving %s", scope["path"])
+            await self._fail(send, served, TailguardError(f"internal error: {type(exc).__name__}"),
+                             arrival, loop_time(), admitted)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
+        await send({"type": "http.response.body", "body": payload})
+        now = loop_time()
+        metrics = served.metrics
+        metrics.request_duration(now - arrival)
+        metrics.count_ok()
+        served.stats.admitted(now, now - arrival, True)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        message = await receive()
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            return body
+        chunks = [body]
+        size = len(body)
+        while message.get("more_body", False):
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise PayloadTooLarge(f"body exceeds the limit of {self.max_body} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _fail(self, send: Send, served: ServedModel | None, exc: TailguardError,
+                    arrival: float, now: float, admitted: bool) -> None:
+        headers = JSON_HEADERS + exc.headers
+        await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": encode_error(exc.message)})
+        if served is None:
+            return
+        served.metrics.count(exc.status_code, exc.reason)
+        # admitted = the request reached the queue; its latency counts toward the SLO
+        if admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
+            served.metrics.request_duration(now - arrival)
+            served.stats.admitted(now, now - arrival, False)
+        else:
+            served.stats.refused(now, exc.reason)
+
+
+def build_app(runtime: Runtime) -> InferenceApp:
+    """The full ASGI app for ``runtime``: the lean inference path in front of FastAPI."""
+    api = FastAPI(title="tailguard runtime", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @api.exception_handler(TailguardError)
+    async def _tailguard_error(_: Request, exc: TailguardError) -> Response:
+        return JSONResponse({"error": exc.message}, exc.status_code, headers=dict(
+            (k.decode(), v.decode()) for k, v in exc.headers))
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return JSONResponse({"error": str(exc.detail)}, exc.status_code)
+
+    @api.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+        return JSONResponse({"error": str(exc.errors())}, 422)
+
+    def served_or_404(name: str) -> ServedModel:
+        if name != runtime.name:
+            raise ModelNotFound(f"model {name!r} not found; this runtime serves {runtime.name!r}")
+        return runtime.active
+
+    @api.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @api.get("/v2/health/ready")
+    async def ready() -> dict[str, bool]:
+        if runtime.draining:
+            raise Draining("runtime is draining")
+        if not runtime.ready:
+            raise NotReady("models are not loaded yet")
+        return {"ready": True}
+
+    @api.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "tailguard", "version": __version__, "extensions": []}
+
+    @api.get("/v2/models/{name}")
+    @api.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str) -> dict[str, Any]:
+        served = served_or_404(name)
+        p = served.predictor
+        return {
+            "name": runtime.name, "versions": [served.version], "platform": "scikit-learn",
+            "inputs": [{"name": "input-0", "datatype": "FP64", "shape": [-1, p.n_features]}],
+            "outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
+                        for o in p.outputs],
+            "parameters": {"role": served.role, "uri": p.uri, "estimator": p.estimator_type},
+        }
+
+    @api.get("/v2/models/{name}/ready")
+    @api.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str) -> dict[str, Any]:
+        served_or_404(name)
+        if runtime.draining or not runtime.ready:
+            raise NotReady(f"model {name!r} is not ready")
+        return {"name": runtime.name, "ready": True}
+
+    @api.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/tailguard/stats")
+    async def stats() -> dict[str, Any]:
+        now = _loop_time()()
+        return {"name": runtime.name, "activeModel": runtime.active_role,
+                "ready": runtime.ready and not runtime.draining,
+                "models": {role: s.stats.snapshot(now, s.batcher.queue_depth)
+                           for role, s in runtime.models.items()}}
+
+    if runtime.settings.control_routes:
+        @api.get("/tailguard/traffic")
+        async def get_traffic() -> dict[str, Any]:
+            return {"name": runtime.name, "activeModel": runtime.active_role,
+                    "roles": list(runtime.models)}
+
+        @api.post("/tailguard/traffic")
+        async def set_traffic(request: Request) -> dict[str, Any]:
+            client = request.client.host if request.client else ""
+            if client not in LOOPBACK:
+                return JSONResponse({"error": "the traffic switch only answers on loopback"}, 403)
+            try:
+                body = orjson.loads(await request.body())
+                role = body["activeModel"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                raise InvalidInput('body must be {"activeModel": "primary" | "fallback"}', 400)
+            try:
+                changed = runtime.switch(role)
+            except KeyError as exc:
+                raise InvalidInput(str(exc.args[0]))
+            return {"name": runtime.name, "activeModel": runtime.active_role, "changed": changed}
+
+    return InferenceApp(runtime, api)
+
+
+def _loop_time() -> Callable[[], float]:
+    return asyncio.get_running_loop().time

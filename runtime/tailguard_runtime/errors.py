@@ -1,0 +1,108 @@
+"""Errors that carry their own outcome.
+
+Every error the runtime raises on purpose is a :class:`TailguardError`: it knows its HTTP
+status code and a short ``reason`` slug (used as the ``reason`` label of the rejection counter).
+The HTTP layer renders all of them the same way, as the Open Inference Protocol's
+``{"error": "..."}`` body. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+
+class TailguardError(Exception):
+    """Base error: ``status_code`` is the HTTP status, ``reason`` a short slug for metrics."""
+
+    status_code: int = 500
+    reason: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Extra response headers (raw ASGI pairs); none by default."""
+        return []
+
+
+class InvalidInput(TailguardError):
+    """The request body is not what the protocol and the model expect (400 or 422).
+
+    400 is for bodies that cannot be parsed (malformed JSON); 422 for well-formed bodies whose
+    content is wrong (shape, feature count, datatype, NaN). The message names the field.
+    """
+
+    reason = "invalid_input"
+
+    def __init__(self, message: str, status_code: int = 422) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class PayloadTooLarge(TailguardError):
+    """A body or a row count that can never fit (413)."""
+
+    status_code = 413
+    reason = "too_large"
+
+
+class ModelNotFound(TailguardError):
+    """The name in the path is not the InferenceService this runtime serves (404)."""
+
+    status_code = 404
+    reason = "not_found"
+
+
+class Overloaded(TailguardError):
+    """Admission refused: the queue is full or the deadline cannot be met (429).
+
+    ``retry_after_s`` is a whole number of seconds (at least 1) sent as ``Retry-After``.
+    """
+
+    status_code = 429
+
+    def __init__(self, message: str, retry_after_s: int, reason: str) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s))
+        self.reason = reason
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after_s).encode())]
+
+
+class DeadlineExceeded(TailguardError):
+    """The request's own deadline passed before its answer was ready (504)."""
+
+    status_code = 504
+    reason = "deadline"
+
+
+class NotReady(TailguardError):
+    """The model is not loaded yet (503)."""
+
+    status_code = 503
+    reason = "not_ready"
+
+
+class Draining(TailguardError):
+    """The runtime is shutting down: no new admissions, or the grace period ended (503)."""
+
+    status_code = 503
+    reason = "draining"
+
+
+class ModelFailed(TailguardError):
+    """The model raised on this request's own rows (422 for a ValueError, else 500)."""
+
+    reason = "model_error"
+
+    def __init__(self, message: str, status_code: int = 500) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class ModelLoadError(TailguardError):
+    """A model URI could not be turned into a usable estimator (raised at startup only)."""
+
+    reason = "model_load"

@@ -1,0 +1,108 @@
+"""Prometheus metrics, declared once, and the per-role handles the hot path uses.
+
+Names follow Prometheus conventions (base units, ``_seconds``, ``_total``). Labels: ``model``
+(the InferenceService name), ``version`` and ``role`` (``primary`` or ``fallback``). Gauges read
+from the live objects at scrape time, so they read 0 when idle and never go missing.
+
+| metric | type | meaning |
+|---|---|---|
+| ``tailguard_request_duration_seconds`` | histogram | admitted request, arrival to answer |
+| ``tailguard_queue_wait_seconds`` | histogram | arrival until its first rows reach the model |
+| ``tailguard_batch_size_rows`` | histogram | rows per model call |
+| ``tailguard_batch_duration_seconds`` | histogram | one model call |
+| ``tailguard_queue_depth`` | gauge | rows waiting (the unit of ``maxQueueSize``) |
+| ``tailguard_in_flight_requests`` | gauge | admitted, not yet answered |
+| ``tailguard_requests_total`` | counter | answered requests, by HTTP ``code`` |
+| ``tailguard_rejections_total`` | counter | refused or failed requests, by ``reason`` |
+| ``tailguard_active_model`` | gauge | 1 for the role that traffic goes to, else 0 |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025,
+                     0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+"""Histogram bounds in seconds: 1 ms steps or finer up to 5 ms, so a p99 SLO of tens of ms is
+resolved to within a few ms."""
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024)
+
+LABELS = ("model", "version", "role")
+
+REQUEST_DURATION = Histogram("tailguard_request_duration_seconds",
+                             "Admitted requests, from arrival to answer.", LABELS,
+                             buckets=LATENCY_BUCKETS_S)
+QUEUE_WAIT = Histogram("tailguard_queue_wait_seconds",
+                       "Time from arrival until a request's first rows reach the model.", LABELS,
+                       buckets=LATENCY_BUCKETS_S)
+BATCH_SIZE = Histogram("tailguard_batch_size_rows", "Rows per model call.", LABELS,
+                       buckets=BATCH_BUCKETS)
+BATCH_DURATION = Histogram("tailguard_batch_duration_seconds", "Duration of one model call.",
+                           LABELS, buckets=LATENCY_BUCKETS_S)
+QUEUE_DEPTH = Gauge("tailguard_queue_depth",
+                    "Rows waiting for the model (the unit of maxQueueSize).", LABELS)
+IN_FLIGHT = Gauge("tailguard_in_flight_requests", "Admitted requests not yet answered.", LABELS)
+REQUESTS = Counter("tailguard_requests", "Answered inference requests by HTTP status code.",
+                   (*LABELS, "code"))
+REJECTIONS = Counter("tailguard_rejections", "Refused or failed inference requests by reason.",
+                     (*LABELS, "reason"))
+ACTIVE = Gauge("tailguard_active_model", "1 for the role that traffic goes to, else 0.", LABELS)
+
+REJECTION_REASONS = ("queue_full", "deadline", "too_large", "invalid_input", "draining",
+                     "not_ready", "model_error", "internal")
+COMMON_CODES = ("200", "400", "413", "422", "429", "500", "503", "504")
+
+
+@dataclass(frozen=True)
+class RoleMetrics:
+    """Metric children bound to one ``(model, version, role)``; built once per served model."""
+
+    request_duration: Callable[[float], None]
+    queue_wait: Callable[[float], None]
+    batch_size: Callable[[float], None]
+    batch_duration: Callable[[float], None]
+    count_ok: Callable[[], None]
+    """Count one 200 answer (the common case, bound once)."""
+    labels: tuple[str, str, str]
+
+    def count(self, code: int, reason: str | None) -> None:
+        """Count one answered request (and its rejection reason, if any)."""
+        REQUESTS.labels(*self.labels, str(code)).inc()
+        if reason is not None:
+            REJECTIONS.labels(*self.labels, reason).inc()
+
+    def observe_batch(self, rows: int, seconds: float) -> None:
+        """Record one model call of ``rows`` rows that took ``seconds``."""
+        self.batch_size(rows)
+        self.batch_duration(seconds)
+
+    def attach_gauges(self, *, queue_depth: Callable[[], float], in_flight: Callable[[], float],
+                      active: Callable[[], float]) -> None:
+        """Have the gauges read live values at scrape time (so they are never stale)."""
+        QUEUE_DEPTH.labels(*self.labels).set_function(queue_depth)
+        IN_FLIGHT.labels(*self.labels).set_function(in_flight)
+        ACTIVE.labels(*self.labels).set_function(active)
+
+
+def bind(model: str, version: str, role: str) -> RoleMetrics:
+    """Bind the metric children for one served model.
+
+    Counters for the usual codes and every reason are touched so they are exported as 0 before
+    the first request.
+    """
+    labels = (model, version, role)
+    for code in COMMON_CODES:
+        REQUESTS.labels(*labels, code)
+    for reason in REJECTION_REASONS:
+        REJECTIONS.labels(*labels, reason)
+    return RoleMetrics(
+        request_duration=REQUEST_DURATION.labels(*labels).observe,
+        queue_wait=QUEUE_WAIT.labels(*labels).observe,
+        batch_size=BATCH_SIZE.labels(*labels).observe,
+        batch_duration=BATCH_DURATION.labels(*labels).observe,
+        count_ok=REQUESTS.labels(*labels, "200").inc,
+        labels=labels,
+    )

@@ -1,0 +1,229 @@
+"""Model URIs, checksums, loading, and the one call the batcher makes per batch.
+
+Two URI schemes:
+
+* ``file:///abs/path/model.joblib`` -- a scikit-learn estimator saved with ``joblib.dump``.
+  An optional ``sha256`` is checked before the file is unpickled. A joblib file is code: load
+  only files you trust.
+* ``builtin://<dataset>/<estimator>[?trees=N]`` -- a demo model trained deterministically at
+  startup (``random_state=0``) on a dataset that ships inside scikit-learn (no download):
+  datasets ``iris``, ``wine``, ``breast_cancer``, ``digits``; estimators ``logistic-regression``
+  and ``random-forest`` (``trees`` sets ``n_estimators``, default 100, so a deliberately slow
+  primary can be declared).
+
+Every failure is a :class:`~tailguard_runtime.errors.ModelLoadError` whose message starts with the
+URI. Models run with ``n_jobs=1``; BLAS/OpenMP threads are limited by the server at startup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import numpy as np
+
+from .errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+DATASETS = ("iris", "wine", "breast_cancer", "digits")
+ESTIMATORS = ("logistic-regression", "random-forest")
+MAX_TREES = 5000
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One model output as the Open Inference Protocol describes it.
+
+    ``shape`` is per request with ``-1`` for the row axis, e.g. ``[-1]`` or ``[-1, n_classes]``.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """A loaded model reduced to what serving needs.
+
+    ``run(X)`` takes ``X`` of shape ``(n_rows, n_features)`` float64 and returns one array per
+    output, each with ``n_rows`` as its first axis, in the order of ``outputs``. It raises
+    whatever the estimator raises; the batcher isolates the offending rows.
+    """
+
+    uri: str
+    n_features: int
+    outputs: tuple[OutputSpec, ...]
+    run: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+    classes: tuple[Any, ...] | None
+    """The classifier's ``classes_``; ``None`` for a regressor."""
+    estimator_type: str
+    """The estimator's class name, for metadata and log lines."""
+
+
+def load_model(uri: str, sha256: str | None = None) -> Predictor:
+    """Load the model a URI names and wrap it as a :class:`Predictor`.
+
+    Raises:
+        ModelLoadError: unknown scheme, dataset or estimator; missing file; checksum mismatch;
+            a file that is not a fitted estimator. The message starts with the URI.
+    """
+    parts = urlsplit(uri)
+    if parts.scheme == "builtin":
+        estimator = _train_builtin(uri, parts.netloc, parts.path.strip("/"), parse_qs(parts.query))
+    elif parts.scheme == "file":
+        estimator = _load_file(uri, Path(unquote(parts.path)), sha256)
+    else:
+        raise ModelLoadError(f"{uri}: unknown model URI scheme {parts.scheme!r}; "
+                             "expected file:///path/model.joblib or builtin://<dataset>/<estimator>")
+    return wrap_estimator(uri, estimator)
+
+
+def check_drop_in(primary: Predictor, fallback: Predictor) -> None:
+    """Check that ``fallback`` can take ``primary``'s traffic unchanged.
+
+    Raises:
+        ModelLoadError: different feature counts, different classes, or a classifier paired
+            with a regressor.
+    """
+    if primary.n_features != fallback.n_features:
+        raise ModelLoadError(
+            f"{fallback.uri}: fallback expects {fallback.n_features} features but the primary "
+            f"{primary.uri} expects {primary.n_features}")
+    if (primary.classes is None) != (fallback.classes is None):
+        raise ModelLoadError(f"{fallback.uri}: fallback and primary {primary.uri} must both be "
+                             "classifiers or both be regressors")
+    if primary.classes != fallback.classes:
+        raise ModelLoadError(f"{fallback.uri}: fallback classes {list(fallback.classes or [])} "
+                             f"differ from the primary's {list(primary.classes or [])}")
+
+
+def wrap_estimator(uri: str, estimator: Any) -> Predictor:
+    """Wrap a fitted scikit-learn estimator.
+
+    For a forest classifier, ``predict`` is ``classes_[argmax(predict_proba)]`` (that is how
+    scikit-learn's ``ForestClassifier.predict`` is defined), so both outputs come from one pass
+    over the trees. Other classifiers call ``predict`` and ``predict_proba`` separately.
+
+    Raises:
+        ModelLoadError: the object has no ``predict`` or is not fitted (no ``n_features_in_``).
+    """
+    if not callable(getattr(estimator, "predict", None)):
+        raise ModelLoadError(f"{uri}: loaded object of type {type(estimator).__name__} is not a "
+                             "scikit-learn estimator (it has no predict method)")
+    n_features = getattr(estimator, "n_features_in_", None)
+    if n_features is None:
+        raise ModelLoadError(f"{uri}: estimator {type(estimator).__name__} is not fitted "
+                             "(no n_features_in_)")
+    _single_thread(estimator)
+    classes = getattr(estimator, "classes_", None)
+    if classes is None:
+        def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+            return (np.asarray(estimator.predict(x)),)
+        return Predictor(uri, int(n_features), (OutputSpec("predict", "FP64", (-1,)),), run,
+                         None, type(estimator).__name__)
+
+    classes = np.asarray(classes)
+    label_type = _datatype(classes.dtype)
+    outputs = [OutputSpec("predict", label_type, (-1,))]
+    if hasattr(estimator, "predict_proba"):
+        outputs.append(OutputSpec("predict_proba", "FP64", (-1, len(classes))))
+        from sklearn.ensemble import ExtraTreesClassifier, RandomForestClassifier
+
+        if isinstance(estimator, (RandomForestClassifier, ExtraTreesClassifier)):
+            def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+                proba = estimator.predict_proba(x)
+                return classes.take(proba.argmax(axis=1)), proba
+        else:
+            def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+                return np.asarray(estimator.predict(x)), estimator.predict_proba(x)
+    else:
+        def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+            return (np.asarray(estimator.predict(x)),)
+    return Predictor(uri, int(n_features), tuple(outputs), run, tuple(classes.tolist()),
+                     type(estimator).__name__)
+
+
+def load_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(X, y)`` of a dataset bundled with scikit-learn: X ``(n_rows, n_features)``
+    float64, y ``(n_rows,)``.
+
+    Raises:
+        KeyError: unknown dataset name.
+    """
+    from sklearn import datasets
+
+    loaders = {"iris": datasets.load_iris, "wine": datasets.load_wine,
+               "breast_cancer": datasets.load_breast_cancer, "digits": datasets.load_digits}
+    x, y = loaders[name](return_X_y=True)
+    return np.asarray(x, dtype=np.float64), np.asarray(y)
+
+
+def _train_builtin(uri: str, dataset: str, estimator: str, query: dict[str, list[str]]) -> Any:
+    if dataset not in DATASETS:
+        raise ModelLoadError(f"{uri}: unknown builtin dataset {dataset!r}; one of {list(DATASETS)}")
+    if estimator not in ESTIMATORS:
+        raise ModelLoadError(f"{uri}: unknown builtin estimator {estimator!r}; "
+                             f"one of {list(ESTIMATORS)}")
+    unknown = set(query) - {"trees"}
+    if unknown or (estimator != "random-forest" and query):
+        raise ModelLoadError(f"{uri}: unknown option(s) {sorted(query)}; only random-forest "
+                             "takes ?trees=N")
+    x, y = load_dataset(dataset)
+    if estimator == "random-forest":
+        raw = query.get("trees", ["100"])[-1]
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_TREES:
+            raise ModelLoadError(f"{uri}: trees must be an integer from 1 to {MAX_TREES}, got {raw!r}")
+        from sklearn.ensemble import RandomForestClassifier
+
+        model: Any = RandomForestClassifier(n_estimators=int(raw), random_state=0, n_jobs=1)
+    else:
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+    logger.info("training builtin model uri=%s rows=%d features=%d", uri, x.shape[0], x.shape[1])
+    return model.fit(x, y)
+
+
+def _load_file(uri: str, path: Path, sha256: str | None) -> Any:
+    if not path.is_absolute():
+        raise ModelLoadError(f"{uri}: file URIs need an absolute path (file:///abs/path.joblib)")
+    if not path.is_file():
+        raise ModelLoadError(f"{uri}: no such file {path}")
+    if sha256 is not None:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != sha256.lower():
+            raise ModelLoadError(f"{uri}: sha256 mismatch: expected {sha256.lower()}, file has {digest}")
+    import joblib
+
+    try:
+        return joblib.load(path)
+    except Exception as exc:  # a corrupt or foreign file can raise almost anything
+        raise ModelLoadError(f"{uri}: cannot load with joblib: {type(exc).__name__}: {exc}") from exc
+
+
+def _single_thread(estimator: Any) -> None:
+    """Set every ``n_jobs`` parameter (nested ones too) to 1: one model thread per process."""
+    get_params = getattr(estimator, "get_params", None)
+    if get_params is None:
+        return
+    keys = {k: 1 for k in get_params(deep=True) if k == "n_jobs" or k.endswith("__n_jobs")}
+    if keys:
+        estimator.set_params(**keys)
+
+
+def _datatype(dtype: np.dtype[Any]) -> str:
+    if dtype.kind in "iu":
+        return "INT64"
+    if dtype.kind == "f":
+        return "FP64"
+    if dtype.kind == "b":
+        return "BOOL"
+    return "BYTES"

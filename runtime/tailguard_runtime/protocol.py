@@ -1,0 +1,222 @@
+"""Decode, validate and encode the two wire formats the runtime speaks.
+
+* Open Inference Protocol v2 (REST, JSON tensors): one input tensor of datatype ``FP32``,
+  ``FP64`` or ``INT64`` and shape ``[n_rows, n_features]``, data flat (row-major) or nested.
+  The request-level ``parameters.timeout`` is in microseconds (what ``tritonclient`` sends).
+* KServe v1: ``{"instances": [[...], ...]}`` -> ``{"predictions": [...]}``.
+
+Decoders return ``X`` of shape ``(n_rows, n_features)`` float64 or raise
+:class:`~tailguard_runtime.errors.InvalidInput` (400 for unparseable JSON, 422 for content) whose
+message names the field and what was expected. Encoders return bytes. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import orjson
+
+from .errors import InvalidInput
+from .models import OutputSpec
+
+V2_DATATYPES = ("FP32", "FP64", "INT64")
+_NUMBER_TYPES = frozenset((int, float))
+
+
+@dataclass(frozen=True)
+class V2Request:
+    """A decoded v2 inference request.
+
+    ``x``: ``(n_rows, n_features)`` float64; ``outputs``: requested output names (``None``: all);
+    ``timeout_us``: the client's ``parameters.timeout`` in microseconds, if any.
+    """
+
+    x: np.ndarray
+    id: str | None
+    outputs: tuple[str, ...] | None
+    timeout_us: float | None
+
+
+def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str]) -> V2Request:
+    """Decode and validate a v2 ``/infer`` body for a model with ``n_features`` features.
+
+    Raises:
+        InvalidInput: malformed JSON (400); missing or extra inputs, unsupported datatype, wrong
+            shape or feature count, element count not matching the shape, non-numeric, boolean
+            or non-finite values, unknown requested outputs, a bad ``parameters.timeout`` (422).
+    """
+    doc = _loads(body)
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InvalidInput("'inputs' must be a list of exactly one tensor "
+                           f"{{name, shape: [n_rows, {n_features}], datatype, data}}")
+    tensor = inputs[0]
+    name = tensor.get("name", "input-0")
+    datatype = tensor.get("datatype")
+    if datatype not in V2_DATATYPES:
+        raise InvalidInput(f"inputs[0] ({name}): datatype must be one of "
+                           f"{', '.join(V2_DATATYPES)}, got {datatype!r}")
+    shape = tensor.get("shape")
+    if (not isinstance(shape, list) or len(shape) != 2
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise InvalidInput(f"inputs[0] ({name}): shape must be [n_rows, {n_features}], got {shape!r}")
+    if shape[1] != n_features:
+        raise InvalidInput(f"inputs[0] ({name}): expected {n_features} features per row "
+                           f"(shape [n_rows, {n_features}]), got shape {shape}")
+    if shape[0] == 0:
+        raise InvalidInput(f"inputs[0] ({name}): shape {shape} has no rows")
+    data = tensor.get("data")
+    if not isinstance(data, list):
+        if tensor.get("parameters", {}).get("binary_data_size") is not None:
+            raise InvalidInput(f"inputs[0] ({name}): binary tensor data is not supported; send "
+                               "JSON data (tritonclient: set_data_from_numpy(x, binary_data=False))")
+        raise InvalidInput(f"inputs[0] ({name}): 'data' must be a list of numbers")
+    x = _to_matrix(data, f"inputs[0] ({name}).data", datatype == "INT64")
+    if x.size != shape[0] * shape[1]:
+        raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs {shape[0] * shape[1]} "
+                           f"values, data has {x.size}")
+    x = x.reshape(shape[0], shape[1])
+    outputs = _requested_outputs(doc.get("outputs"), known_outputs)
+    return V2Request(x, _request_id(doc.get("id")), outputs, _timeout_us(doc.get("parameters")))
+
+
+def decode_v1(body: bytes, n_features: int) -> np.ndarray:
+    """Decode a KServe v1 ``:predict`` body ``{"instances": [[f0, f1, ...], ...]}``.
+
+    Returns ``(n_rows, n_features)`` float64.
+
+    Raises:
+        InvalidInput: malformed JSON (400); no ``instances`` list, ragged or wrong-width rows,
+            non-numeric, boolean or non-finite values (422).
+    """
+    doc = _loads(body)
+    instances = doc.get("instances") if isinstance(doc, dict) else None
+    if not isinstance(instances, list) or not instances:
+        raise InvalidInput(f"body must be {{\"instances\": [[{n_features} numbers], ...]}} "
+                           "with at least one row")
+    x = _to_matrix(instances, "instances", False)
+    if x.ndim != 2 or x.shape[1] != n_features:
+        raise InvalidInput(f"instances: each row must have {n_features} numbers; got an array of "
+                           f"shape {list(x.shape)}")
+    return x
+
+
+def encode_v2(model_name: str, version: str, request_id: str | None,
+              specs: Sequence[OutputSpec], outputs: Sequence[np.ndarray],
+              wanted: tuple[str, ...] | None) -> bytes:
+    """Encode a v2 inference response; ``outputs`` align with ``specs``, row axis first."""
+    tensors = []
+    for spec, value in zip(specs, outputs):
+        if wanted is not None and spec.name not in wanted:
+            continue
+        tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": list(value.shape),
+                        "data": _flat(value)})
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
+    if request_id is not None:
+        doc["id"] = request_id
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def encode_v1(predictions: np.ndarray) -> bytes:
+    """Encode a v1 response ``{"predictions": [...]}``, one entry per row."""
+    return orjson.dumps({"predictions": _flat(predictions)}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def encode_error(message: str) -> bytes:
+    """The protocol's error body ``{"error": message}``."""
+    return orjson.dumps({"error": message})
+
+
+def parse_timeout_header(value: bytes) -> float:
+    """Parse ``X-Request-Timeout-Ms`` (milliseconds, > 0) into seconds.
+
+    Raises:
+        InvalidInput: not a positive finite number (400).
+    """
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = float("nan")
+    if not (ms > 0 and ms < float("inf")):
+        raise InvalidInput(f"X-Request-Timeout-Ms must be a positive number of milliseconds, "
+                           f"got {value.decode(errors='replace')!r}", 400)
+    return ms / 1000.0
+
+
+def _loads(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed JSON: {exc} (NaN and Infinity are not valid JSON "
+                           "numbers)", 400) from None
+
+
+def _to_matrix(data: list[Any], field: str, integers: bool) -> np.ndarray:
+    _check_numbers(data, field, integers)
+    try:
+        x = np.array(data, dtype=np.float64)
+    except ValueError:
+        raise InvalidInput(f"{field}: rows must all have the same length") from None
+    if integers and np.abs(x).max(initial=0.0) > 2**53:
+        raise InvalidInput(f"{field}: INT64 values beyond 2**53 cannot be represented exactly")
+    return x
+
+
+def _check_numbers(values: list[Any], field: str, integers: bool) -> None:
+    """Reject anything but finite numbers (bools, strings and nulls included), nested or flat."""
+    kinds = set(map(type, values))
+    if kinds <= _NUMBER_TYPES:
+        if integers and float in kinds:
+            raise InvalidInput(f"{field}: INT64 tensor holds non-integer values")
+        return
+    if list in kinds:
+        for row in values:
+            if type(row) is not list:
+                raise InvalidInput(f"{field}: mixes nested lists with {type(row).__name__} values")
+            _check_numbers(row, field, integers)
+        return
+    bad = next(v for v in values if type(v) not in _NUMBER_TYPES)
+    raise InvalidInput(f"{field}: values must be numbers, got {orjson.dumps(bad).decode()[:40]}")
+
+
+def _requested_outputs(raw: Any, known: Sequence[str]) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(o, dict) and "name" in o for o in raw):
+        raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
+    names = tuple(o["name"] for o in raw)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidInput(f"outputs: unknown output(s) {unknown}; this model has {list(known)}")
+    return names
+
+
+def _request_id(raw: Any) -> str | None:
+    if raw is None or isinstance(raw, str):
+        return raw
+    raise InvalidInput("'id' must be a string")
+
+
+def _timeout_us(parameters: Any) -> float | None:
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be an object")
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if type(timeout) not in _NUMBER_TYPES or not timeout > 0:
+        raise InvalidInput(f"parameters.timeout must be a positive number of microseconds, "
+                           f"got {timeout!r}")
+    return float(timeout)
+
+
+def _flat(value: np.ndarray) -> Any:
+    flat = value.ravel()
+    if flat.dtype.kind in "OUS":
+        return [str(v) for v in flat.tolist()]
+    return flat

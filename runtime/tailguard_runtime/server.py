@@ -1,0 +1,173 @@
+"""The process lifecycle: listen, serve, and drain on SIGTERM.
+
+Shutdown order, on the first SIGTERM or SIGINT: readiness turns 503 and admission stops (new
+requests get 503 while the listener is still open), the forming batch is flushed at once, every
+admitted request gets up to ``drain_grace_seconds`` to finish, whatever is still unanswered then
+gets 503 (never a dropped connection), and only then does uvicorn close the listener and the idle
+connections. A second SIGINT forces the exit. In a cluster a preStop delay before SIGTERM lets
+the endpoints update first.
+
+``tailguard-runtime --config FILE [--role ROLE]`` is the container entry point; ``tailguard up``
+calls :func:`serve` in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import sys
+from typing import Any, Awaitable, Callable, Iterator
+
+import uvicorn
+
+from .app import build_app
+from .errors import ModelLoadError
+from .service import Runtime, load_runtime
+from .settings import RuntimeSettings
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose SIGTERM/SIGINT first drains the runtime, then exits."""
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self._drain_task: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, self.begin_shutdown, sig)
+        try:
+            yield
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def begin_shutdown(self, sig: int = signal.SIGTERM) -> None:
+        """Start the drain (first signal); a second SIGINT forces the exit."""
+        if self._drain_task is not None:
+            if sig == signal.SIGINT:
+                logger.warning("second interrupt: exiting without waiting")
+                self.force_exit = True
+                self.should_exit = True
+            return
+        logger.info("signal %s: draining (grace %.0f s)", signal.Signals(sig).name,
+                    self.runtime.settings.drain_grace_seconds)
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain(), name="tailguard-drain")
+
+    async def _drain(self) -> None:
+        try:
+            failed = await self.runtime.drain(self.runtime.settings.drain_grace_seconds)
+            if failed:
+                logger.warning("grace period ended: %d request(s) answered 503", failed)
+            else:
+                logger.info("drained: every admitted request was answered")
+        finally:
+            self.should_exit = True
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind a listening TCP socket (``port`` 0 picks a free one).
+
+    Raises:
+        OSError: the address is in use or not available.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(runtime: Runtime, sock: socket.socket, *,
+                on_started: Callable[[DrainingServer], Awaitable[None]] | None = None) -> None:
+    """Serve ``runtime`` on an already bound socket until a signal drains it.
+
+    ``on_started`` runs once the server listens (``tailguard up`` uses it for its status line).
+    """
+    await runtime.start()
+    config = uvicorn.Config(build_app(runtime), http="httptools", lifespan="off",
+                            access_log=False, log_config=None, timeout_graceful_shutdown=5,
+                            timeout_keep_alive=30, server_header=False)
+    server = DrainingServer(config, runtime)
+    helper: asyncio.Task[None] | None = None
+    if on_started is not None:
+        async def _after_start() -> None:
+            while not server.started:
+                await asyncio.sleep(0.01)
+            await on_started(server)
+        helper = asyncio.get_running_loop().create_task(_after_start(), name="tailguard-on-started")
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if helper is not None:
+            helper.cancel()
+            await asyncio.gather(helper, return_exceptions=True)
+        await runtime.close()
+
+
+def limit_threads() -> None:
+    """One BLAS/OpenMP thread per process: the model thread owns the core (two threads on two
+    cores halve the forest's throughput, measured on the reference machine)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1)
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    """Run ``coro`` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Plain ``time level logger message`` lines on stderr."""
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``tailguard-runtime``: serve one InferenceService's model(s) from a runtime config file."""
+    parser = argparse.ArgumentParser(prog="tailguard-runtime", description=main.__doc__)
+    parser.add_argument("--config", required=True, help="runtime config JSON (written by the operator)")
+    parser.add_argument("--role", choices=("primary", "fallback"),
+                        help="serve only this role's model (the cluster runs one role per pod)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    limit_threads()
+    with open(args.config, encoding="utf-8") as fh:
+        config = json.load(fh)
+    if args.role:
+        config = {**config, "models": [m for m in config["models"] if m.get("role") == args.role]}
+    settings = RuntimeSettings.from_config(config)
+    try:
+        runtime = load_runtime(settings)
+    except ModelLoadError as exc:
+        print(f"tailguard-runtime: {exc}", file=sys.stderr)
+        return 2
+    sock = bind_socket(args.host, args.port)
+    logger.info("serving service=%s on http://%s:%d", settings.name, args.host, sock.getsockname()[1])
+    run(serve(runtime, sock))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The served InferenceService: its models by role, which one takes traffic, and its lifecycle.
+
+A :class:`Runtime` holds one :class:`ServedModel` per role (``primary``, optionally
+``fallback``), each with its own predictor, batcher (queue and model thread), metrics and
+sliding-window stats. ``/v2/models/{name}`` reaches whichever role is active; a request stays on
+the model that admitted it even if traffic switches while it waits. The HTTP layer lives in
+``app.py``, the process lifecycle in ``server.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from . import metrics
+from .batcher import Batcher
+from .models import Predictor, check_drop_in, load_model
+from .settings import RuntimeSettings
+from .stats import WindowStats
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("primary", "fallback")
+
+
+@dataclass
+class ServedModel:
+    """One model and everything that serves it."""
+
+    role: str
+    version: str
+    predictor: Predictor
+    batcher: Batcher
+    metrics: metrics.RoleMetrics
+    stats: WindowStats
+
+
+class Runtime:
+    """The models of one InferenceService and the switch between them.
+
+    Build with :func:`load_runtime`; call :meth:`start` inside the event loop before serving.
+    """
+
+    def __init__(self, settings: RuntimeSettings, predictors: dict[str, Predictor]) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.active_role = "primary" if "primary" in predictors else next(iter(predictors))
+        self.ready = False
+        self.draining = False
+        batching = settings.batching
+        self.models: dict[str, ServedModel] = {}
+        for model in settings.models:
+            predictor = predictors[model.role]
+            role_metrics = metrics.bind(settings.name, model.version, model.role)
+            batcher = Batcher(predictor.run, max_batch_size=batching.max_batch_size,
+                              max_wait_ms=batching.max_wait_ms,
+                              max_queue_size=batching.max_queue_size, name=model.role,
+                              observe_batch=role_metrics.observe_batch,
+                              observe_queue_wait=role_metrics.queue_wait)
+            role_metrics.attach_gauges(
+                queue_depth=lambda b=batcher: b.queue.queued_rows,
+                in_flight=lambda b=batcher: len(b.in_flight),
+                active=lambda r=model.role: 1.0 if self.active_role == r else 0.0)
+            self.models[model.role] = ServedModel(model.role, model.version, predictor, batcher,
+                                                  role_metrics,
+                                                  WindowStats(settings.stats_window_seconds))
+
+    @property
+    def active(self) -> ServedModel:
+        """The model that new requests go to."""
+        return self.models[self.active_role]
+
+    def switch(self, role: str) -> bool:
+        """Send new requests to ``role``; requests already admitted finish where they are.
+
+        Returns whether anything changed.
+
+        Raises:
+            KeyError: ``role`` is not one of the served roles.
+        """
+        if role not in self.models:
+            raise KeyError(f"no {role!r} model is served; roles: {list(self.models)}")
+        if role == self.active_role:
+            return False
+        logger.info("traffic switched service=%s from=%s to=%s", self.name, self.active_role, role)
+        self.active_role = role
+        return True
+
+    async def start(self) -> None:
+        """Start every batch loop and mark the runtime ready."""
+        for served in self.models.values():
+            served.batcher.start()
+        self.ready = True
+
+    async def drain(self, grace_s: float) -> int:
+        """Turn readiness off, stop admitting, flush, and wait up to ``grace_s`` seconds for
+        admitted requests. Returns how many were answered 503 when the grace period ended."""
+        self.draining = True
+        results = await asyncio.gather(*(m.batcher.drain(grace_s) for m in self.models.values()))
+        return sum(results)
+
+    async def close(self) -> None:
+        """Stop the batch loops and their model threads."""
+        for served in self.models.values():
+            await served.batcher.close()
+
+
+def load_runtime(settings: RuntimeSettings) -> Runtime:
+    """Load every model the settings name (blocking: may train builtin models) and check that
+    the fallback is a drop-in for the primary.
+
+    Raises:
+        ModelLoadError: a model could not be loaded, or the fallback does not match.
+    """
+    predictors: dict[str, Predictor] = {}
+    for model in settings.models:
+        logger.info("loading model service=%s role=%s uri=%s", settings.name, model.role, model.uri)
+        predictors[model.role] = load_model(model.uri, model.sha256)
+    if "primary" in predictors and "fallback" in predictors:
+        check_drop_in(predictors["primary"], predictors["fallback"])
+    return Runtime(settings, predictors)

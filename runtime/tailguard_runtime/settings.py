@@ -1,0 +1,98 @@
+"""Typed, frozen runtime settings, built once at startup and passed down.
+
+The field names carry their units. Defaults are the InferenceService CRD's defaults
+(``crds/inferenceservice.yaml``); the operator and ``tailguard up`` build these objects from a
+validated spec, and the container entry point from the JSON file the operator writes into a
+ConfigMap (:func:`RuntimeSettings.from_config`). Nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class BatchingSettings:
+    """How requests are merged into model calls. Mirrors ``spec.batching``."""
+
+    max_batch_size: int = 32
+    """Most rows in one model call. A larger request is served in chunks of this size."""
+    max_wait_ms: float = 0.0
+    """How long a forming batch may wait for batch-mates while the model is free, in ms,
+    measured from the arrival of its first request. 0: dispatch as soon as the model is free."""
+    max_queue_size: int = 256
+    """Most rows waiting (the batch being computed not counted). A request with more rows
+    can never fit (413)."""
+    timeout_ms: float = 1000.0
+    """Default deadline of a request, in ms from arrival; a client may only shorten it."""
+
+    @classmethod
+    def from_spec(cls, batching: Mapping[str, Any]) -> "BatchingSettings":
+        """Build from the camelCase ``spec.batching`` mapping (already validated)."""
+        return cls(
+            max_batch_size=int(batching.get("maxBatchSize", cls.max_batch_size)),
+            max_wait_ms=float(batching.get("maxWaitMs", cls.max_wait_ms)),
+            max_queue_size=int(batching.get("maxQueueSize", cls.max_queue_size)),
+            timeout_ms=float(batching.get("timeoutMs", cls.timeout_ms)),
+        )
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """One model to serve: where it comes from and which role it plays."""
+
+    uri: str
+    """``file:///abs/path.joblib`` or ``builtin://<dataset>/<estimator>[?trees=N]``."""
+    role: str = "primary"
+    """``primary`` or ``fallback``; a metrics label and the key traffic switches on."""
+    sha256: str | None = None
+    """Hex digest a ``file://`` model must match before it is unpickled."""
+    version: str = "1"
+    """The model version reported by the v2 metadata route and the ``version`` metric label."""
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Everything one runtime process needs. ``models`` holds one entry per role."""
+
+    name: str
+    """The InferenceService name: ``/v2/models/{name}`` reaches the active model."""
+    models: tuple[ModelSettings, ...]
+    batching: BatchingSettings = field(default_factory=BatchingSettings)
+    stats_window_seconds: float = 10.0
+    """Sliding window of the JSON stats endpoint, in seconds (``spec.slo.windowSeconds``)."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body accepted, in bytes; a larger one gets 413 without being read."""
+    drain_grace_seconds: float = 20.0
+    """After SIGTERM, how long admitted requests get to finish, in seconds. Kept below the
+    pod's ``terminationGracePeriodSeconds`` (30 s by default in Kubernetes)."""
+    control_routes: bool = False
+    """Serve the loopback-only traffic switch (``tailguard up`` turns it on)."""
+
+    def __post_init__(self) -> None:
+        roles = [m.role for m in self.models]
+        if not roles or len(set(roles)) != len(roles) or not set(roles) <= {"primary", "fallback"}:
+            raise ValueError(f"models must have distinct roles among primary/fallback, got {roles}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "RuntimeSettings":
+        """Build from the runtime config JSON written by the operator.
+
+        Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?}], "batching": {...},
+        "slo": {"windowSeconds": int}}`` with the same camelCase keys as the CRD.
+
+        Raises:
+            KeyError, ValueError: on a missing name or models, or bad roles.
+        """
+        models = tuple(
+            ModelSettings(uri=m["uri"], role=m.get("role", "primary"), sha256=m.get("sha256"))
+            for m in config["models"]
+        )
+        return cls(
+            name=config["name"],
+            models=models,
+            batching=BatchingSettings.from_spec(config.get("batching", {})),
+            stats_window_seconds=float(config.get("slo", {}).get("windowSeconds", 10)),
+            drain_grace_seconds=float(config.get("drainGraceSeconds", 20)),
+        )
