@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 DATASETS = ("iris", "wine", "breast_cancer", "digits")
 ESTIMATORS = ("logistic-regression", "random-forest")
-MAX_TREES = 5000
+MAX_TREES = 9999
 
 
 @dataclass(frozen=True)

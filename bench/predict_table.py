@@ -1,0 +1,98 @@
+"""Raw in-process ``predict`` speed of the reference model: the ceiling any server can reach.
+
+One thread, ``n_jobs=1``, BLAS/OpenMP threads limited to 1 (threadpoolctl). For each batch size
+the model's ``predict`` is called repeatedly on fixed rows; the table gives the median wall time
+of one call (ms) and the rows per second that median implies (``batch / median``).
+
+    /work/venv/bin/python bench/predict_table.py [--cpu 0] [--seconds 3] [--json OUT.json]
+
+Bounded: about ``--seconds`` per batch size (default 3 s, 6 sizes: under 30 s in all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from refmodel import build_model, sample_rows  # noqa: E402
+
+DEFAULT_BATCHES = (1, 8, 32, 64, 128, 512)
+
+
+def time_predict(model: Any, batch: int, seconds: float = 3.0, min_calls: int = 5,
+                 max_calls: int = 5000) -> dict[str, float]:
+    """Time ``model.predict`` on ``batch`` rows (shape ``(batch, 20)``).
+
+    Runs 2 warm-up calls, then calls until ``seconds`` have passed (at least ``min_calls``, at
+    most ``max_calls`` calls). Returns ``{"batch", "calls", "median_ms", "p90_ms",
+    "rows_per_s"}``: the median and 90th percentile of one call's wall time in milliseconds,
+    and ``batch / median`` in rows per second.
+    """
+    x = sample_rows(batch)
+    for _ in range(2):
+        model.predict(x)
+    times: list[float] = []
+    perf = time.perf_counter
+    end = perf() + seconds
+    while len(times) < max_calls and (len(times) < min_calls or perf() < end):
+        t0 = perf()
+        model.predict(x)
+        times.append(perf() - t0)
+    times.sort()
+    median = statistics.median(times)
+    return {"batch": batch, "calls": len(times), "median_ms": median * 1e3,
+            "p90_ms": times[int(0.9 * (len(times) - 1))] * 1e3, "rows_per_s": batch / median}
+
+
+def markdown_table(rows: Sequence[dict[str, float]]) -> str:
+    """Render :func:`time_predict` results as a Markdown table."""
+    lines = ["| batch (rows) | ms per call (median) | ms per call (p90) | rows/s | calls |",
+             "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
+                     f"{r['rows_per_s']:,.0f} | {r['calls']} |")
+    return "\n".join(lines)
+
+
+def run(batches: Sequence[int] = DEFAULT_BATCHES, seconds: float = 3.0,
+        cpu: int | None = None) -> list[dict[str, float]]:
+    """Build the reference model and time it at each batch size (see :func:`time_predict`).
+
+    ``cpu`` pins this process to one core first (Linux only), like the server in bench/run.py.
+    """
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        model = build_model()
+        model.set_params(n_jobs=1)
+        return [time_predict(model, b, seconds) for b in batches]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)),
+                        help="comma-separated batch sizes (rows per call)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="time budget per batch size")
+    parser.add_argument("--cpu", type=int, default=None, help="pin to this core")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    rows = run(batches, args.seconds, args.cpu)
+    print(markdown_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
