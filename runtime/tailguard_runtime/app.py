@@ -34,6 +34,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+CLOSING_HEADERS = JSON_HEADERS + [(b"connection", b"close")]
 LOOPBACK = frozenset(("127.0.0.1", "::1", "localhost"))
 
 
@@ -112,7 +113,8 @@ class InferenceApp:
             await self._fail(send, served, TailguardError(f"internal error: {type(exc).__name__}"),
                              arrival, loop_time(), admitted)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS})
         await send({"type": "http.response.body", "body": payload})
         now = loop_time()
         metrics = served.metrics
@@ -239,11 +241,15 @@ def build_app(runtime: Runtime) -> InferenceApp:
                 body = orjson.loads(await request.body())
                 role = body["activeModel"]
             except (orjson.JSONDecodeError, KeyError, TypeError):
-                raise InvalidInput('body must be {"activeModel": "primary" | "fallback"}', 400)
+                raise InvalidInput('body must be {"name": ..., "activeModel": "primary" | '
+                                   '"fallback"}', 400) from None
+            if body.get("name", runtime.name) != runtime.name:
+                raise ModelNotFound(f"no InferenceService {body['name']!r} here; this "
+                                    f"tailguard up serves {runtime.name!r}")
             try:
                 changed = runtime.switch(role)
             except KeyError as exc:
-                raise InvalidInput(str(exc.args[0]))
+                raise InvalidInput(str(exc.args[0])) from None
             return {"name": runtime.name, "activeModel": runtime.active_role, "changed": changed}
 
     return InferenceApp(runtime, api)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -118,6 +119,28 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
         await runtime.close()
 
 
+async def follow_traffic(runtime: Runtime, config_path: str, role: str,
+                         interval_s: float = 2.0) -> None:
+    """Re-read the runtime config every ``interval_s`` seconds; when its ``activeModel`` names
+    another role, stop keeping connections alive (a Service selector change does not move
+    established connections; ``Connection: close`` does)."""
+    last_mtime = 0.0
+    while True:
+        try:
+            mtime = os.stat(config_path).st_mtime
+            if mtime != last_mtime:
+                last_mtime = mtime
+                with open(config_path, encoding="utf-8") as fh:
+                    active = json.load(fh).get("activeModel", role)
+                if runtime.keep_alive != (active == role):
+                    runtime.keep_alive = active == role
+                    logger.info("traffic role=%s active=%s keep_alive=%s", role, active,
+                                runtime.keep_alive)
+        except (OSError, ValueError) as exc:
+            logger.warning("cannot read %s: %s", config_path, exc)
+        await asyncio.sleep(interval_s)
+
+
 def limit_threads() -> None:
     """One BLAS/OpenMP thread per process: the model thread owns the core (two threads on two
     cores halve the forest's throughput, measured on the reference machine)."""
@@ -165,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sock = bind_socket(args.host, args.port)
     logger.info("serving service=%s on http://%s:%d", settings.name, args.host, sock.getsockname()[1])
-    run(serve(runtime, sock))
+    if args.role:
+        async def follow(_: DrainingServer) -> None:
+            await follow_traffic(runtime, args.config, args.role)
+        run(serve(runtime, sock, on_started=follow))
+    else:
+        run(serve(runtime, sock))
     return 0
 
 

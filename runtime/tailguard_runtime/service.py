@@ -48,6 +48,9 @@ class Runtime:
         self.active_role = "primary" if "primary" in predictors else next(iter(predictors))
         self.ready = False
         self.draining = False
+        self.keep_alive = True
+        """False on a pod that traffic has left (cluster mode): answers carry ``Connection:
+        close`` so clients holding keep-alive connections reconnect through the Service."""
         batching = settings.batching
         self.models: dict[str, ServedModel] = {}
         for model in settings.models:

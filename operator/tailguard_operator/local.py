@@ -1,0 +1,144 @@
+"""``tailguard up``: one InferenceService served on this machine, no cluster.
+
+Reads the same YAML that ``kubectl apply`` takes, validates it with the CRD's own rules, loads
+the primary and the fallback into one runtime process, and serves them at the cluster's paths.
+A loopback-only control route lets ``tailguard rollback NAME`` switch traffic. Shows a live status
+line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from typing import Any, TextIO
+
+from tailguard_runtime.errors import ModelLoadError
+from tailguard_runtime.server import DrainingServer, bind_socket, limit_threads, run, serve
+from tailguard_runtime.service import Runtime, load_runtime
+
+from .spec import InferenceService, SpecError, load_file
+
+logger = logging.getLogger(__name__)
+
+CLUSTER_ONLY = {
+    "scaling": "autoscaling needs a cluster; tailguard up runs one process",
+}
+NOT_YET = {
+    "rollback": "the automatic SLO guard is not built yet; switch by hand with `tailguard rollback`",
+}
+
+
+def not_applicable(raw_spec: dict[str, Any]) -> list[str]:
+    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply."""
+    lines = [f"spec.{key}: not applicable locally ({why})"
+             for key, why in CLUSTER_ONLY.items() if key in raw_spec]
+    lines += [f"spec.{key}: not applied yet ({why})" for key, why in NOT_YET.items()
+              if key in raw_spec]
+    return lines
+
+
+def status_line(runtime: Runtime, now: float) -> str:
+    """One line: active model, p99 and p50 (ms), queue depth (rows), admitted req/s, refusals."""
+    served = runtime.active
+    snap = served.stats.snapshot(now, served.batcher.queue_depth)
+    p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}"
+    p50 = "-" if snap["p50Ms"] is None else f"{snap['p50Ms']:.1f}"
+    return (f"{runtime.name}: active={runtime.active_role} p99={p99}ms p50={p50}ms "
+            f"queue={snap['queueDepth']} req/s={snap['requestsPerSecond']:.0f} "
+            f"errors={snap['errors']} rejected={snap['rejectedTotal']} "
+            f"(last {snap['windowSeconds']:.0f}s)")
+
+
+async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: bool) -> None:
+    """Print :func:`status_line` every ``interval_s`` seconds, rewriting one line if ``live``."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval_s)
+        line = status_line(runtime, loop.time())
+        if live:
+            out.write("\r\x1b[2K" + line)
+        else:
+            out.write(line + "\n")
+        out.flush()
+
+
+def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
+    """Serve the InferenceService in ``path`` until interrupted. Returns the exit code:
+    0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        print(f"tailguard up: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        isvc = load_file(text, path)
+    except SpecError as exc:
+        print(f"tailguard up: {path} is not a valid InferenceService:", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    import yaml
+
+    raw_spec = next(d for d in yaml.safe_load_all(text) if isinstance(d, dict)
+                    and d.get("kind") == "InferenceService").get("spec", {})
+    for line in not_applicable(raw_spec):
+        print(f"note: {line}", file=out)
+    limit_threads()
+    runtime = _load(isvc, out)
+    if runtime is None:
+        return 2
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} "
+              "(use --port to pick another port)", file=sys.stderr)
+        return 2
+    bound = sock.getsockname()[1]
+    base = f"http://{host}:{bound}"
+    print(_banner(isvc, base), file=out, flush=True)
+    live = out.isatty()
+
+    async def started(server: DrainingServer) -> None:
+        await report_status(runtime, out, 1.0 if live else float(isvc.slo.window_seconds), live)
+
+    run(serve(runtime, sock, on_started=started))
+    if live:
+        out.write("\n")
+    print("tailguard up: stopped", file=out, flush=True)
+    return 0
+
+
+def _load(isvc: InferenceService, out: TextIO) -> Runtime | None:
+    settings = isvc.runtime_settings(control_routes=True)
+    started = time.perf_counter()
+    print(f"loading {isvc.name}: primary {isvc.model.uri}, fallback {isvc.fallback.uri} ...",
+          file=out, flush=True)
+    try:
+        runtime = load_runtime(settings)
+    except ModelLoadError as exc:
+        print(f"tailguard up: {exc}", file=sys.stderr)
+        return None
+    if isvc.traffic == "fallback":
+        runtime.switch("fallback")
+    print(f"loaded in {time.perf_counter() - started:.1f}s", file=out, flush=True)
+    return runtime
+
+
+def _banner(isvc: InferenceService, base: str) -> str:
+    b = isvc.batching
+    return "\n".join([
+        f"serving InferenceService {isvc.name} on {base} (traffic -> {isvc.traffic})",
+        f"  v2 infer   POST {base}/v2/models/{isvc.name}/infer",
+        f"  v1 predict POST {base}/v1/models/{isvc.name}:predict",
+        f"  metadata   GET  {base}/v2/models/{isvc.name}",
+        f"  metrics    GET  {base}/metrics      stats GET {base}/tailguard/stats",
+        f"  batching   maxBatchSize={b.max_batch_size} maxWaitMs={b.max_wait_ms:g} "
+        f"maxQueueSize={b.max_queue_size} timeoutMs={b.timeout_ms:g}; "
+        f"SLO p99 {isvc.slo.p99_latency_ms} ms",
+        f"  roll back  tailguard rollback {isvc.name}"
+        + ("" if base.endswith(":8080") else f" --port {base.rsplit(':', 1)[1]}"),
+        "Ctrl-C drains and stops.",
+    ])
