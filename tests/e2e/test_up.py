@@ -1,0 +1,242 @@
+"""End to end: the README's main command (`tailguard up examples/digits.yaml`) as a real process,
+real digits rows over real HTTP, and `tailguard rollback` under load."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from tailguard_runtime.models import load_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "digits.yaml"
+TAILGUARD = [sys.executable, "-m", "tailguard_operator.cli"]
+
+
+class Up:
+    """A running `tailguard up` process, its base URL, and what it printed."""
+
+    def __init__(self, proc: subprocess.Popen[str], port: int, printed: list[str]) -> None:
+        self.proc, self.port, self.printed = proc, port, printed
+        self.base = f"http://127.0.0.1:{port}"
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.printed.append(line)
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        """Signal the process, wait for it (kill after 30 s), and return its exit code."""
+        self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._reader.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        return code
+
+
+def start_up(spec: Path, timeout_s: float = 60.0) -> Up:
+    proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        match = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+        if match:
+            return Up(proc, int(match.group(1)), seen)
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    raise AssertionError("tailguard up did not start:\n" + "".join(seen))
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[Up]:
+    server = start_up(EXAMPLE)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Digits rows and the offline predictions of the example's primary and fallback."""
+    x, _ = load_dataset("digits")
+    return x, forest_model().predict(x), linear_model().predict(x)
+
+
+@functools.cache
+def forest_model() -> RandomForestClassifier:
+    x, y = load_dataset("digits")
+    return RandomForestClassifier(n_estimators=200, random_state=0, n_jobs=1).fit(x, y)
+
+
+@functools.cache
+def linear_model():  # type: ignore[no-untyped-def]
+    x, y = load_dataset("digits")
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)).fit(x, y)
+
+
+def forest_proba(x: np.ndarray) -> np.ndarray:
+    return forest_model().predict_proba(x)
+
+
+def linear_proba(x: np.ndarray) -> np.ndarray:
+    return linear_model().predict_proba(x)
+
+
+def _switch(up: Up, command: str) -> str:
+    done = subprocess.run([*TAILGUARD, command, "digits", "--port", str(up.port)],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_concurrent_real_rows_get_the_models_offline_predictions(up: Up, digits) -> None:  # type: ignore[no-untyped-def]
+    x, forest, _ = digits
+    failures: list[str] = []
+
+    def client(offset: int) -> None:
+        with httpx.Client(base_url=up.base, timeout=30) as http:
+            for i in range(offset, 600, 6):
+                rows = x[i:i + 1 + i % 5]
+                if i % 2:
+                    reply = http.post("/v1/models/digits:predict", json={"instances": rows.tolist()})
+                    got = reply.json().get("predictions") if reply.status_code == 200 else None
+                else:
+                    reply = http.post("/v2/models/digits/infer", json={"inputs": [{
+                        "name": "x", "shape": list(rows.shape), "datatype": "FP64",
+                        "data": rows.ravel().tolist()}]})
+                    got = reply.json()["outputs"][0]["data"] if reply.status_code == 200 else None
+                if got != forest[i:i + len(rows)].tolist():
+                    failures.append(f"row {i}: {reply.status_code} {reply.text[:200]}")
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures[:5]
+    stats = httpx.get(f"{up.base}/tailguard/stats").json()
+    assert stats["activeModel"] == "primary" and stats["models"]["primary"]["samples"] >= 100
+
+
+def test_rollback_moves_traffic_to_the_fallback_with_no_failed_request(up: Up, digits) -> None:  # type: ignore[no-untyped-def]
+    """Answers carry predict_proba: the forest's and the logistic regression's differ on every
+    row, so each answer shows which model computed it."""
+    x, forest, linear = digits
+    results: list[tuple[int, int, np.ndarray | None]] = []
+    stop = threading.Event()
+
+    def client(offset: int) -> None:
+        with httpx.Client(base_url=up.base, timeout=30) as http:
+            i = offset
+            while not stop.is_set() and i < 20_000:
+                row = i % len(x)
+                reply = http.post("/v2/models/digits/infer", json={
+                    "inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP64",
+                                "data": x[row].tolist()}],
+                    "outputs": [{"name": "predict_proba"}]})
+                proba = (np.asarray(reply.json()["outputs"][0]["data"])
+                         if reply.status_code == 200 else None)
+                results.append((row, reply.status_code, proba))
+                i += 4
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    before = len(results)
+    assert "now goes to fallback" in _switch(up, "rollback")
+    after = len(results)
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+
+    assert all(code == 200 for _, code, _ in results), {code for _, code, _ in results}
+    forest_p, linear_p = forest_proba(x), linear_proba(x)
+
+    def source(row: int, proba: np.ndarray) -> str:
+        if np.allclose(proba, forest_p[row]):
+            return "primary"
+        assert np.allclose(proba, linear_p[row]), f"row {row}: answer from neither model"
+        return "fallback"
+
+    sources = [source(row, p) for row, _, p in results]  # type: ignore[arg-type]
+    assert set(sources[:before]) == {"primary"}
+    assert len(sources) > after + 8 and set(sources[after + 4:]) == {"fallback"}
+    meta = httpx.get(f"{up.base}/v2/models/digits").json()
+    assert meta["parameters"]["role"] == "fallback"
+
+    assert "now goes to primary" in _switch(up, "rollforward")
+    assert "already goes to primary" in _switch(up, "rollforward")
+    reply = httpx.post(f"{up.base}/v1/models/digits:predict", json={"instances": [x[0].tolist()]})
+    assert reply.json()["predictions"] == [forest[0]]
+
+
+def test_rollback_of_an_unknown_name_is_refused(up: Up) -> None:
+    done = subprocess.run([*TAILGUARD, "rollback", "nope", "--port", str(up.port)],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 1 and "no InferenceService 'nope'" in done.stderr
+
+
+def test_sigint_drains_and_exits_cleanly(tmp_path: Path) -> None:
+    spec = tmp_path / "iris.yaml"
+    spec.write_text((ROOT / "examples" / "iris.yaml").read_text())
+    server = start_up(spec)
+    assert httpx.get(f"{server.base}/v2/health/ready").status_code == 200
+    assert server.stop(signal.SIGINT) == 0
+    assert "tailguard up: stopped" in "".join(server.printed)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ("batching:\n    maxBatchSize: 0", "spec.batching.maxBatchSize: 0 is less than the minimum of 1"),
+    ("batching:\n    maxWaitMs: 30", "spec.batching.maxWaitMs: batching.maxWaitMs must be smaller"),
+    ("surprise: true", "Additional properties are not allowed ('surprise' was unexpected)"),
+])
+def test_invalid_specs_are_refused_naming_the_field(tmp_path: Path, edit: str, needle: str) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text((ROOT / "examples" / "iris.yaml").read_text() + f"  {edit}\n")
+    done = subprocess.run([*TAILGUARD, "up", str(spec), "--port", "0"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2
+    assert needle in done.stderr
+
+
+def test_a_model_file_that_does_not_exist_fails_at_startup_with_its_uri(tmp_path: Path) -> None:
+    spec = tmp_path / "missing.yaml"
+    spec.write_text((ROOT / "examples" / "iris.yaml").read_text().replace(
+        "builtin://iris/random-forest", "file:///no/such/model.joblib"))
+    done = subprocess.run([*TAILGUARD, "up", str(spec), "--port", "0"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, env={**os.environ})
+    assert done.returncode == 2
+    assert "file:///no/such/model.joblib: no such file /no/such/model.joblib" in done.stderr

@@ -1,0 +1,131 @@
+"""A model that raises on some rows fails only the requests that sent those rows.
+
+The probe model raises ``ValueError`` on a row whose first value is -999 and ``RuntimeError`` on
+-998. Requests queue up behind a slow batch so that they are batched together; the batcher must
+bisect the failing batch and answer every good neighbour with its own, correct predictions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+
+from conftest import (RuntimeServer, error_of, labels, probe_rows, scrape, slow_row, v1_body,
+                      v2_body, v2_outputs)
+
+V2 = "/v2/models/probe/infer"
+V1 = "/v1/models/probe:predict"
+
+
+def _poisoned(n: int, at: int, marker: float, seed: int) -> np.ndarray:
+    x = probe_rows(n, seed)
+    x[at, 0] = marker
+    return x
+
+
+def _wait_for(client: httpx.Client, sample: str, value: float, timeout_s: float = 5.0) -> None:
+    """Poll ``/metrics`` until the probe primary's ``sample`` reads ``value``."""
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        seen = scrape(client).get((sample, labels("probe")))
+        if seen == value:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{sample} never read {value} (last {seen})")
+
+
+def test_only_the_poisoned_requests_fail(probe_server: tuple[RuntimeServer, Any]) -> None:
+    server, model = probe_server
+    goods = [probe_rows(1 + i % 3, seed=i) for i in range(12)]
+    poison_v2 = _poisoned(3, 1, -999.0, seed=100)        # ValueError -> 422
+    crash_v1 = _poisoned(1, 0, -998.0, seed=101)         # RuntimeError -> 500
+    poison_chunked = _poisoned(12, 10, -999.0, seed=102)  # > maxBatchSize 8: fails in chunk 2
+    total_rows = sum(len(x) for x in goods) + 3 + 1 + 12
+
+    with server.client(limits=httpx.Limits(max_connections=24)) as client:
+        stats_before = client.get("/tailguard/stats").json()["models"]["primary"]
+        results: dict[str, httpx.Response] = {}
+
+        def post(key: str, path: str, body: dict[str, Any]) -> None:
+            results[key] = client.post(path, json=body)
+
+        # occupy the model so everything below queues up and is batched together
+        blocker = threading.Thread(target=post, args=("blocker", V2, v2_body(slow_row(1500))))
+        blocker.start()
+        _wait_for(client, "tailguard_in_flight_requests", 1.0)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            jobs = [pool.submit(post, f"good-{i}", V2 if i % 2 else V1,
+                                v2_body(x, id=f"good-{i}") if i % 2 else v1_body(x))
+                    for i, x in enumerate(goods)]
+            jobs += [pool.submit(post, "poison", V2, v2_body(poison_v2, id="poison")),
+                     pool.submit(post, "crash", V1, v1_body(crash_v1)),
+                     pool.submit(post, "poison-chunked", V2, v2_body(poison_chunked))]
+            _wait_for(client, "tailguard_queue_depth", float(total_rows))
+            for job in jobs:
+                job.result()
+        blocker.join(timeout=30)
+        stats_after = client.get("/tailguard/stats").json()["models"]["primary"]
+        after = client.post(V1, json=v1_body(goods[0]))
+
+    assert results["blocker"].status_code == 200, results["blocker"].text
+    poisoned = results["poison"]
+    assert poisoned.status_code == 422, poisoned.text
+    assert "ValueError" in error_of(poisoned) and "poisoned row" in error_of(poisoned)
+    crashed = results["crash"]
+    assert crashed.status_code == 500, crashed.text
+    assert "RuntimeError" in error_of(crashed)
+    assert results["poison-chunked"].status_code == 422, results["poison-chunked"].text
+    assert "poisoned row" in error_of(results["poison-chunked"])
+
+    for i, x in enumerate(goods):
+        r = results[f"good-{i}"]
+        assert r.status_code == 200, (i, r.text)
+        if i % 2:
+            assert r.json()["id"] == f"good-{i}"
+            outputs = v2_outputs(r.json())
+            np.testing.assert_array_equal(outputs["predict"], model.predict(x))
+            np.testing.assert_allclose(outputs["predict_proba"], model.predict_proba(x))
+        else:
+            np.testing.assert_array_equal(r.json()["predictions"], model.predict(x))
+
+    # model failures are admitted requests that failed: errors in the stats, not refusals
+    assert stats_after["errors"] - stats_before["errors"] == 3
+    assert stats_after["samples"] - stats_before["samples"] == len(goods) + 4
+    assert stats_after["rejected"].get("model_error", 0) == stats_before["rejected"].get(
+        "model_error", 0)
+    # and the model serves normally afterwards
+    assert after.status_code == 200
+    np.testing.assert_array_equal(after.json()["predictions"], model.predict(goods[0]))
+
+
+def test_every_row_poisoned_fails_alone(probe_server: tuple[RuntimeServer, Any]) -> None:
+    """Several poisoned requests among good ones, no gating: each poisoned one fails, each
+    good one succeeds, whatever batches they happen to share."""
+    server, model = probe_server
+    requests = []
+    for i in range(30):
+        x = probe_rows(1 + i % 4, seed=200 + i)
+        if i % 5 == 2:
+            x[-1, 0] = -999.0
+        requests.append(x)
+
+    def send(x: np.ndarray) -> httpx.Response:
+        return client.post(V1, json=v1_body(x))
+
+    with server.client(limits=httpx.Limits(max_connections=16)) as client:
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            answers = list(pool.map(send, requests))
+    for i, (x, r) in enumerate(zip(requests, answers)):
+        if i % 5 == 2:
+            assert r.status_code == 422, (i, r.text)
+            assert "poisoned row" in error_of(r)
+        else:
+            assert r.status_code == 200, (i, r.text)
+            np.testing.assert_array_equal(r.json()["predictions"], model.predict(x))

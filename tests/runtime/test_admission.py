@@ -1,0 +1,50 @@
+"""Admission arithmetic: capacity in rows, deadlines against the drain estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailguard_runtime.admission import DrainEstimate, admit
+from tailguard_runtime.errors import Overloaded, PayloadTooLarge
+
+
+def _admit(**overrides: object) -> None:
+    args: dict[str, object] = dict(n_rows=1, queued_rows=0, max_queue_size=8, max_batch_size=4,
+                                   time_left_s=1.0, estimate=DrainEstimate(), busy=False)
+    args.update(overrides)
+    admit(**args)  # type: ignore[arg-type]
+
+
+def test_rows_beyond_the_queue_can_never_fit() -> None:
+    with pytest.raises(PayloadTooLarge, match="at most 8 rows"):
+        _admit(n_rows=9)
+
+
+def test_queue_full_is_measured_in_rows() -> None:
+    _admit(n_rows=3, queued_rows=5)
+    with pytest.raises(Overloaded) as info:
+        _admit(n_rows=4, queued_rows=5)
+    assert info.value.reason == "queue_full" and info.value.retry_after_s == 1
+
+
+def test_no_deadline_refusal_without_evidence() -> None:
+    _admit(queued_rows=7, time_left_s=1e-6)
+
+
+def test_deadline_that_the_queue_cannot_meet_is_refused_with_its_drain_time() -> None:
+    estimate = DrainEstimate()
+    estimate.record(0.5)  # one batch takes 0.5 s
+    # 7 queued + 1 = 2 batches of 4, plus the one computing: 1.5 s > 1.0 s left
+    with pytest.raises(Overloaded) as info:
+        _admit(queued_rows=7, estimate=estimate, busy=True, time_left_s=1.0)
+    assert info.value.reason == "deadline"
+    assert info.value.retry_after_s == 2  # ceil(2 batches * 0.5 s) for the queue to drain
+    _admit(queued_rows=7, estimate=estimate, busy=True, time_left_s=2.0)
+
+
+def test_estimate_follows_recent_batches() -> None:
+    estimate = DrainEstimate()
+    estimate.record(1.0)
+    for _ in range(40):
+        estimate.record(0.01)
+    assert estimate.batch_seconds == pytest.approx(0.01, rel=0.1)

@@ -1,0 +1,299 @@
+"""The batch queue (fake clock) and the async batcher (a gated model in its worker thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from tailguard_runtime.batcher import Batcher, BatchQueue, Request, predict_isolating
+from tailguard_runtime.errors import (DeadlineExceeded, Draining, ModelFailed, Overloaded,
+                                      PayloadTooLarge)
+
+
+class _Done:
+    """Stands in for a future in the pure queue tests."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.finished
+
+
+def _req(rows: int, arrival: float, deadline: float = 100.0, start: float = 0.0) -> Request:
+    x = np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + start
+    return Request(x, arrival, deadline, _Done())
+
+
+# ---- BatchQueue: pure, time passed in -------------------------------------------------------
+
+def test_window_is_measured_from_the_first_arrival_not_the_last() -> None:
+    queue = BatchQueue(max_batch_size=8, max_wait_s=0.005)
+    queue.push(_req(1, arrival=10.000))
+    queue.push(_req(1, arrival=10.003))
+    queue.push(_req(1, arrival=10.004))
+    assert queue.dispatch_at() == pytest.approx(10.005)
+
+
+def test_zero_wait_dispatches_at_once_and_full_batch_closes_the_window_early() -> None:
+    eager = BatchQueue(max_batch_size=8, max_wait_s=0.0)
+    eager.push(_req(1, arrival=1.0))
+    assert eager.dispatch_at() == float("-inf")
+
+    waiting = BatchQueue(max_batch_size=4, max_wait_s=1.0)
+    waiting.push(_req(3, arrival=1.0))
+    assert waiting.dispatch_at() == pytest.approx(2.0)
+    waiting.push(_req(1, arrival=1.1))
+    assert waiting.dispatch_at() == float("-inf")
+
+
+def test_empty_queue_has_nothing_to_dispatch() -> None:
+    assert BatchQueue(4, 0.0).dispatch_at() is None
+
+
+def test_take_caps_rows_and_chunks_a_large_request_in_order() -> None:
+    queue = BatchQueue(max_batch_size=4, max_wait_s=0.0)
+    small, big = _req(3, 0.0), _req(10, 0.1)
+    queue.push(small)
+    queue.push(big)
+    assert queue.queued_rows == 13
+    batches = []
+    while queue.queued_rows:
+        segments, expired = queue.take(now=1.0)
+        assert not expired
+        batches.append([(seg[0] is big, seg[1], seg[2]) for seg in segments])
+        assert sum(stop - start for _, start, stop in segments) <= 4
+    assert batches == [[(False, 0, 3), (True, 0, 1)], [(True, 1, 5)], [(True, 5, 9)],
+                       [(True, 9, 10)]]
+    assert len(queue) == 0
+
+
+def test_expired_requests_are_dropped_before_the_model() -> None:
+    queue = BatchQueue(max_batch_size=4, max_wait_s=0.0)
+    late, on_time = _req(2, 0.0, deadline=1.0), _req(1, 0.0, deadline=5.0)
+    queue.push(late)
+    queue.push(on_time)
+    segments, expired = queue.take(now=1.0)
+    assert expired == [late]
+    assert [(s[0], s[1], s[2]) for s in segments] == [(on_time, 0, 1)]
+    assert queue.queued_rows == 0
+
+
+def test_answered_or_cancelled_requests_are_skipped_and_uncounted() -> None:
+    queue = BatchQueue(max_batch_size=4, max_wait_s=0.0)
+    gone, kept = _req(2, 0.0), _req(1, 0.0)
+    queue.push(gone)
+    queue.push(kept)
+    gone.future.finished = True
+    assert queue.dispatch_at() == float("-inf")
+    assert queue.queued_rows == 1
+    segments, _ = queue.take(now=0.5)
+    assert [s[0] for s in segments] == [kept]
+
+
+def test_predict_isolating_fails_only_the_offending_rows() -> None:
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if (x[:, 0] < 0).any():
+            raise ValueError("negative feature")
+        return (x.sum(axis=1),)
+
+    x = np.arange(16, dtype=np.float64).reshape(8, 2)
+    x[5, 0] = -1
+    pieces = predict_isolating(run, x)
+    assert [p[0] for p in pieces] == sorted(p[0] for p in pieces)
+    assert pieces[0][0] == 0 and pieces[-1][1] == 8
+    bad = [(a, b) for a, b, out in pieces if isinstance(out, BaseException)]
+    assert bad == [(5, 6)]
+    for a, b, out in pieces:
+        if not isinstance(out, BaseException):
+            np.testing.assert_array_equal(out[0], x[a:b].sum(axis=1))
+
+
+# ---- Batcher: real event loop, gated model in its worker thread -----------------------------
+
+class GatedModel:
+    """Sums each row; blocks on ``gate`` while it is closed; records the batches it saw."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.batches: list[np.ndarray] = []
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        self.entered.set()
+        self.gate.wait(10)
+        self.batches.append(x.copy())
+        if (x[:, 0] < 0).any():
+            raise ValueError("negative first feature")
+        return (x.sum(axis=1), x * 2)
+
+
+async def _wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def _busy(model: GatedModel, batcher: Batcher) -> asyncio.Task:  # type: ignore[type-arg]
+    """Close the gate and put one request into the model so it is computing."""
+    model.gate.clear()
+    model.entered.clear()
+    task = asyncio.create_task(batcher.submit(np.ones((1, 2)), 30.0))
+    await _wait_for(model.entered.is_set)
+    return task
+
+
+def _rows(n: int, start: float) -> np.ndarray:
+    return np.arange(n * 2, dtype=np.float64).reshape(n, 2) + start
+
+
+async def test_results_match_each_requests_own_rows_with_chunking() -> None:
+    model = GatedModel()
+    batcher = Batcher(model, max_batch_size=4, max_wait_ms=0, max_queue_size=64)
+    batcher.start()
+    blocker = await _busy(model, batcher)
+    inputs = [_rows(n, 100 * i) for i, n in enumerate((1, 3, 9, 2))]
+    tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in inputs]
+    await _wait_for(lambda: batcher.queue_depth == 15)
+    model.gate.set()
+    results = await asyncio.gather(*tasks)
+    await blocker
+    for x, (sums, doubled) in zip(inputs, results):
+        np.testing.assert_array_equal(sums, x.sum(axis=1))
+        np.testing.assert_array_equal(doubled, x * 2)
+    assert max(len(b) for b in model.batches) == 4
+    assert batcher.queue_depth == 0 and not batcher.in_flight
+    await batcher.close()
+
+
+async def test_queue_capacity_is_exact_under_a_burst() -> None:
+    """While one batch computes, exactly maxQueueSize rows are admitted; the rest get 429 at
+    once, with an integer Retry-After of at least one second."""
+    model = GatedModel()
+    batcher = Batcher(model, max_batch_size=1, max_wait_ms=0, max_queue_size=4)
+    batcher.start()
+    await batcher.submit(np.zeros((1, 2)), 30.0)  # one finished batch gives a drain estimate
+    blocker = await _busy(model, batcher)
+    tasks = [asyncio.create_task(batcher.submit(_rows(1, i), 30.0)) for i in range(10)]
+    await asyncio.sleep(0.05)
+    refused = [t for t in tasks if t.done()]
+    assert len(refused) == 6
+    for task in refused:
+        exc = task.exception()
+        assert isinstance(exc, Overloaded) and exc.status_code == 429
+        assert exc.reason == "queue_full" and exc.retry_after_s >= 1
+    assert batcher.queue_depth == 4
+    model.gate.set()
+    admitted = [t for t in tasks if t not in refused]
+    for task in admitted:
+        (sums, _) = await task
+        assert sums.shape == (1,)
+    await blocker
+    await batcher.close()
+
+
+async def test_request_larger_than_the_queue_is_413() -> None:
+    batcher = Batcher(GatedModel(), max_batch_size=2, max_wait_ms=0, max_queue_size=4)
+    batcher.start()
+    with pytest.raises(PayloadTooLarge):
+        await batcher.submit(_rows(5, 0), 30.0)
+    await batcher.close()
+
+
+async def test_deadline_passing_in_the_queue_gives_504_and_the_rows_never_reach_the_model() -> None:
+    model = GatedModel()
+    batcher = Batcher(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64)
+    batcher.start()
+    blocker = await _busy(model, batcher)
+    marker = np.full((1, 2), 7777.0)
+    with pytest.raises(DeadlineExceeded) as info:
+        await batcher.submit(marker, 0.05)
+    assert info.value.status_code == 504
+    assert batcher.queue_depth == 0
+    model.gate.set()
+    await blocker
+    await batcher.submit(np.ones((1, 2)), 30.0)  # the loop goes on
+    assert not any((b == 7777.0).any() for b in model.batches)
+    await batcher.close()
+
+
+async def test_a_failing_row_fails_only_its_own_request() -> None:
+    model = GatedModel()
+    batcher = Batcher(model, max_batch_size=16, max_wait_ms=0, max_queue_size=64)
+    batcher.start()
+    blocker = await _busy(model, batcher)
+    good = [_rows(2, 10 * i) for i in range(5)]
+    poisoned = np.array([[-1.0, 0.0]])
+    tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in good[:3]]
+    bad_task = asyncio.create_task(batcher.submit(poisoned, 30.0))
+    tasks += [asyncio.create_task(batcher.submit(x, 30.0)) for x in good[3:]]
+    await _wait_for(lambda: batcher.queue_depth == 11)
+    model.gate.set()
+    await blocker
+    for x, task in zip(good, tasks):
+        sums, _ = await task
+        np.testing.assert_array_equal(sums, x.sum(axis=1))
+    with pytest.raises(ModelFailed) as info:
+        await bad_task
+    assert info.value.status_code == 422 and "negative first feature" in info.value.message
+    await batcher.close()
+
+
+async def test_cancelled_request_is_dropped_and_neighbours_are_unaffected() -> None:
+    model = GatedModel()
+    batcher = Batcher(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64)
+    batcher.start()
+    blocker = await _busy(model, batcher)
+    before = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
+    leaving = asyncio.create_task(batcher.submit(np.full((3, 2), 5555.0), 30.0))
+    after = asyncio.create_task(batcher.submit(_rows(1, 50), 30.0))
+    await _wait_for(lambda: batcher.queue_depth == 5)
+    leaving.cancel()
+    await asyncio.gather(leaving, return_exceptions=True)
+    assert batcher.queue_depth == 2
+    model.gate.set()
+    await blocker
+    np.testing.assert_array_equal((await before)[0], _rows(1, 0).sum(axis=1))
+    np.testing.assert_array_equal((await after)[0], _rows(1, 50).sum(axis=1))
+    assert not any((b == 5555.0).any() for b in model.batches)
+    await batcher.close()
+
+
+async def test_drain_flushes_the_forming_batch_and_finishes_admitted_requests() -> None:
+    model = GatedModel()
+    batcher = Batcher(model, max_batch_size=8, max_wait_ms=60_000, max_queue_size=64)
+    batcher.start()
+    waiting = [asyncio.create_task(batcher.submit(_rows(1, i), 30.0)) for i in range(3)]
+    await _wait_for(lambda: batcher.queue_depth == 3)
+    await asyncio.sleep(0.05)
+    assert not model.batches, "a 60 s window holds the batch"
+    failed = await batcher.drain(grace_s=10.0)
+    assert failed == 0
+    for i, task in enumerate(waiting):
+        np.testing.assert_array_equal((await task)[0], _rows(1, i).sum(axis=1))
+    with pytest.raises(Draining):
+        await batcher.submit(_rows(1, 0), 30.0)
+    await batcher.close()
+
+
+async def test_drain_answers_503_for_what_is_unanswered_when_the_grace_period_ends() -> None:
+    model = GatedModel()
+    batcher = Batcher(model, max_batch_size=1, max_wait_ms=0, max_queue_size=64)
+    batcher.start()
+    blocker = await _busy(model, batcher)
+    queued = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
+    await _wait_for(lambda: batcher.queue_depth == 1)
+    failed = await batcher.drain(grace_s=0.1)
+    assert failed == 2
+    for task in (blocker, queued):
+        with pytest.raises(Draining) as info:
+            await task
+        assert info.value.status_code == 503
+    model.gate.set()
+    await batcher.close()
