@@ -25,18 +25,27 @@ logger = logging.getLogger(__name__)
 CLUSTER_ONLY = {
     "scaling": "autoscaling needs a cluster; tailguard up runs one process",
 }
-NOT_YET = {
-    "rollback": "the automatic SLO guard is not built yet; switch by hand with `tailguard rollback`",
-}
+GUARD_FIELDS = ("rollback", "slo.breachWindows", "slo.recoverWindows", "slo.minSamples")
+"""Fields read only by the automatic SLO guard, which is not built yet."""
 
 
 def not_applicable(raw_spec: dict[str, Any]) -> list[str]:
     """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply."""
     lines = [f"spec.{key}: not applicable locally ({why})"
              for key, why in CLUSTER_ONLY.items() if key in raw_spec]
-    lines += [f"spec.{key}: not applied yet ({why})" for key, why in NOT_YET.items()
-              if key in raw_spec]
+    guard = [f"spec.{path}" for path in GUARD_FIELDS if _has(raw_spec, path)]
+    if guard:
+        lines.append(f"{', '.join(guard)}: not applied yet (the automatic SLO guard is not built "
+                     "yet; switch traffic by hand with `tailguard rollback`)")
     return lines
+
+
+def _has(mapping: dict[str, Any], dotted: str) -> bool:
+    for key in dotted.split("."):
+        if not isinstance(mapping, dict) or key not in mapping:
+            return False
+        mapping = mapping[key]
+    return True
 
 
 def status_line(runtime: Runtime, now: float) -> str:

@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine (Python 3.11+ on PATH as python3):
+#   make up     create .venv, install tailguard, serve examples/digits.yaml on 127.0.0.1:8080
+#   make test   create .venv, install tailguard with its test tools (and helm), run the suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXAMPLE ?= examples/digits.yaml
+HELM_DIR ?= .ci/bin
+
+.PHONY: up test install install-test bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+install: $(PY)
+	$(PY) -m pip install --quiet -c constraints.txt -e .
+
+install-test: $(PY)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	bash scripts/install-helm.sh $(HELM_DIR)
+
+up: install
+	$(VENV)/bin/tailguard up $(EXAMPLE)
+
+test: install-test
+	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" $(PY) -m pytest
+
+bench: install
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) $(HELM_DIR) .pytest_cache
