@@ -15,24 +15,34 @@ import numpy as np
 
 from .metrics import LATENCY_BUCKETS_S
 
-MAX_SAMPLES = 500_000
-"""Hard cap on remembered samples (memory bound at very high rates)."""
+CAPACITY = 1 << 18
+"""Admitted requests remembered (a ring buffer): 262,144, so a 10 s window is exact up to
+about 26,000 requests per second; beyond that the window holds the most recent samples."""
 
 
 class WindowStats:
     """Latencies and outcomes of the last ``window_s`` seconds, for one served model.
 
-    Times are monotonic seconds passed in by the caller; latencies are seconds.
+    Times are monotonic seconds passed in by the caller; latencies are seconds. Recording is
+    O(1) (a write into preallocated arrays); :meth:`snapshot` is vectorised over the window.
     """
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, capacity: int = CAPACITY) -> None:
         self.window_s = window_s
-        self._admitted: deque[tuple[float, float, bool]] = deque(maxlen=MAX_SAMPLES)
-        self._refused: deque[tuple[float, str]] = deque(maxlen=MAX_SAMPLES)
+        self._times = np.full(capacity, -np.inf)
+        self._latencies = np.zeros(capacity)
+        self._ok = np.zeros(capacity, dtype=bool)
+        self._next = 0
+        self._capacity = capacity
+        self._refused: deque[tuple[float, str]] = deque(maxlen=capacity)
 
     def admitted(self, now: float, latency_s: float, ok: bool) -> None:
         """Record an admitted request answered at ``now``; ``ok`` is False for 504/model errors."""
-        self._admitted.append((now, latency_s, ok))
+        i = self._next
+        self._times[i] = now
+        self._latencies[i] = latency_s
+        self._ok[i] = ok
+        self._next = (i + 1) % self._capacity
 
     def refused(self, now: float, reason: str) -> None:
         """Record a request refused without reaching the model."""
@@ -48,21 +58,18 @@ class WindowStats:
         ``counts`` (cumulative, the last being ``+Inf``).
         """
         start = now - self.window_s
-        while self._admitted and self._admitted[0][0] < start:
-            self._admitted.popleft()
+        in_window = self._times >= start
+        latencies = np.sort(self._latencies[in_window])
+        errors = int(np.count_nonzero(~self._ok[in_window]))
         while self._refused and self._refused[0][0] < start:
             self._refused.popleft()
-        latencies = np.fromiter((s[1] for s in self._admitted), dtype=np.float64,
-                                count=len(self._admitted))
-        errors = sum(1 for s in self._admitted if not s[2])
         rejected: dict[str, int] = {}
         for _, reason in self._refused:
             rejected[reason] = rejected.get(reason, 0) + 1
-        n = latencies.size
+        n = int(latencies.size)
         if n:
             p50, p95, p99 = (float(v) * 1000.0 for v in np.percentile(latencies, (50, 95, 99)))
-        bounds = np.asarray(LATENCY_BUCKETS_S)
-        cumulative = np.searchsorted(np.sort(latencies), bounds, side="right").tolist() + [n]
+        cumulative = np.searchsorted(latencies, _BOUNDS, side="right").tolist() + [n]
         return {
             "windowSeconds": self.window_s,
             "samples": n,
@@ -77,3 +84,6 @@ class WindowStats:
             "queueDepth": queue_depth,
             "latencyHistogram": {"bucketsSeconds": list(LATENCY_BUCKETS_S), "counts": cumulative},
         }
+
+
+_BOUNDS = np.asarray(LATENCY_BUCKETS_S)
