@@ -1,0 +1,103 @@
+"""Decoding and encoding of the v2 and v1 bodies (pure functions, no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from tailguard_runtime.errors import InvalidInput
+from tailguard_runtime.models import OutputSpec
+from tailguard_runtime.protocol import (decode_v1, decode_v2, encode_v1, encode_v2,
+                                        parse_timeout_header)
+
+OUTPUTS = ["predict", "predict_proba"]
+
+
+def _v2(**tensor: object) -> bytes:
+    base: dict[str, object] = {"name": "x", "shape": [2, 3], "datatype": "FP32",
+                               "data": [1, 2, 3, 4, 5, 6.5]}
+    base.update(tensor)
+    return orjson.dumps({"inputs": [base]})
+
+
+def test_v2_flat_and_nested_data_decode_to_float64_rows() -> None:
+    flat = decode_v2(_v2(), 3, OUTPUTS)
+    nested = decode_v2(_v2(data=[[1, 2, 3], [4, 5, 6.5]]), 3, OUTPUTS)
+    for request in (flat, nested):
+        assert request.x.dtype == np.float64
+        np.testing.assert_array_equal(request.x, [[1, 2, 3], [4, 5, 6.5]])
+
+
+def test_v2_options_outputs_id_and_timeout() -> None:
+    body = orjson.dumps({"id": "r-1", "parameters": {"timeout": 250000},
+                         "outputs": [{"name": "predict"}],
+                         "inputs": [{"name": "x", "shape": [1, 2], "datatype": "INT64",
+                                     "data": [1, 2]}]})
+    request = decode_v2(body, 2, OUTPUTS)
+    assert request.id == "r-1" and request.outputs == ("predict",) and request.timeout_us == 250000
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    (b"{not json", 400, "malformed JSON"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP64", "data": [1, NaN, 2]}]}',
+     400, "NaN and Infinity are not valid JSON"),
+    (b"[1, 2]", 422, "JSON object with an 'inputs' list"),
+    (_v2(datatype="BYTES"), 422, "datatype must be one of FP32, FP64, INT64"),
+    (_v2(shape=[6]), 422, "shape must be [n_rows, 3]"),
+    (_v2(shape=[1, 6]), 422, "expected 3 features per row"),
+    (_v2(shape=[3, 3]), 422, "needs 9 values, data has 6"),
+    (_v2(shape=[0, 3], data=[]), 422, "has no rows"),
+    (_v2(data=[1, 2, "3", 4, 5, 6]), 422, 'values must be numbers, got "3"'),
+    (_v2(data=[1, 2, True, 4, 5, 6]), 422, "values must be numbers, got true"),
+    (_v2(data=[1, 2, None, 4, 5, 6]), 422, "values must be numbers, got null"),
+    (_v2(datatype="INT64"), 422, "INT64 tensor holds non-integer values"),
+    (_v2(data=[[1, 2, 3], [4, 5]]), 422, "same length"),
+    (orjson.dumps({"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [1] * 6},
+                              {"name": "y", "shape": [2, 3], "datatype": "FP32", "data": [1] * 6}]}),
+     422, "exactly one tensor"),
+    (orjson.dumps({"outputs": [{"name": "logits"}], "inputs": [
+        {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}),
+     422, "unknown output(s) ['logits']"),
+    (orjson.dumps({"parameters": {"timeout": -5}, "inputs": [
+        {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}),
+     422, "parameters.timeout must be a positive number of microseconds"),
+])
+def test_v2_bad_bodies_name_what_was_expected(body: bytes, status: int, needle: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        decode_v2(body, 3, OUTPUTS)
+    assert info.value.status_code == status
+    assert needle in info.value.message
+
+
+def test_v1_rows_and_errors() -> None:
+    np.testing.assert_array_equal(decode_v1(b'{"instances": [[1, 2], [3, 4]]}', 2), [[1, 2], [3, 4]])
+    for body, needle in [(b'{"instances": []}', "at least one row"),
+                         (b'{"inputs": [[1, 2]]}', '"instances"'),
+                         (b'{"instances": [[1, 2, 3]]}', "each row must have 2 numbers"),
+                         (b'{"instances": [1, 2]}', "each row must have 2 numbers")]:
+        with pytest.raises(InvalidInput) as info:
+            decode_v1(body, 2)
+        assert needle in info.value.message
+
+
+def test_encoders_follow_the_protocols() -> None:
+    specs = (OutputSpec("predict", "INT64", (-1,)), OutputSpec("predict_proba", "FP64", (-1, 2)))
+    outputs = (np.array([1, 0]), np.array([[0.25, 0.75], [0.5, 0.5]]))
+    doc = orjson.loads(encode_v2("m", "1", "abc", specs, outputs, None))
+    assert doc == {"model_name": "m", "model_version": "1", "id": "abc", "outputs": [
+        {"name": "predict", "datatype": "INT64", "shape": [2], "data": [1, 0]},
+        {"name": "predict_proba", "datatype": "FP64", "shape": [2, 2],
+         "data": [0.25, 0.75, 0.5, 0.5]}]}
+    only = orjson.loads(encode_v2("m", "1", None, specs, outputs, ("predict_proba",)))
+    assert [o["name"] for o in only["outputs"]] == ["predict_proba"] and "id" not in only
+    assert orjson.loads(encode_v1(np.array(["cat", "dog"], dtype=object))) == {
+        "predictions": ["cat", "dog"]}
+
+
+def test_timeout_header_is_milliseconds() -> None:
+    assert parse_timeout_header(b"250") == pytest.approx(0.25)
+    for bad in (b"0", b"-1", b"soon", b"inf", b"nan"):
+        with pytest.raises(InvalidInput) as info:
+            parse_timeout_header(bad)
+        assert info.value.status_code == 400
