@@ -134,7 +134,7 @@ def validate_object(obj: Mapping[str, Any]) -> dict[str, Any]:
         SpecError: schema violations (all of them, sorted by field), else failed CEL rules.
     """
     schema = object_schema()
-    defaulted = apply_defaults(schema, dict(obj))
+    defaulted: dict[str, Any] = apply_defaults(schema, dict(obj))
     errors = sorted(_schema_errors(defaulted))
     if errors:
         raise SpecError(errors)
@@ -249,11 +249,12 @@ def _cel_failures(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[
 def _cel_program(rule: str) -> Any:
     """Compile one CEL rule into ``value -> bool`` (``self`` bound to ``value``)."""
     import celpy
+    from celpy.adapter import json_to_cel
 
     env = celpy.Environment()
     program = env.program(env.compile(rule))
 
     def evaluate(value: Any) -> bool:
-        return bool(program.evaluate({"self": celpy.json_to_cel(value)}))
+        return bool(program.evaluate({"self": json_to_cel(value)}))
 
     return evaluate

@@ -233,7 +233,7 @@ def build_app(runtime: Runtime) -> InferenceApp:
                     "roles": list(runtime.models)}
 
         @api.post("/tailguard/traffic")
-        async def set_traffic(request: Request) -> dict[str, Any]:
+        async def set_traffic(request: Request) -> Any:
             client = request.client.host if request.client else ""
             if client not in LOOPBACK:
                 return JSONResponse({"error": "the traffic switch only answers on loopback"}, 403)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from . import metrics
 from .batcher import Batcher
@@ -61,13 +62,15 @@ class Runtime:
                               max_queue_size=batching.max_queue_size, name=model.role,
                               observe_batch=role_metrics.observe_batch,
                               observe_queue_wait=role_metrics.queue_wait)
-            role_metrics.attach_gauges(
-                queue_depth=lambda b=batcher: b.queue.queued_rows,
-                in_flight=lambda b=batcher: len(b.in_flight),
-                active=lambda r=model.role: 1.0 if self.active_role == r else 0.0)
+            role_metrics.attach_gauges(queue_depth=partial(_queue_depth, batcher),
+                                       in_flight=partial(_in_flight, batcher),
+                                       active=partial(self._is_active, model.role))
             self.models[model.role] = ServedModel(model.role, model.version, predictor, batcher,
                                                   role_metrics,
                                                   WindowStats(settings.stats_window_seconds))
+
+    def _is_active(self, role: str) -> float:
+        return 1.0 if self.active_role == role else 0.0
 
     @property
     def active(self) -> ServedModel:
@@ -107,6 +110,14 @@ class Runtime:
         """Stop the batch loops and their model threads."""
         for served in self.models.values():
             await served.batcher.close()
+
+
+def _queue_depth(batcher: Batcher) -> float:
+    return float(batcher.queue.queued_rows)
+
+
+def _in_flight(batcher: Batcher) -> float:
+    return float(len(batcher.in_flight))
 
 
 def load_runtime(settings: RuntimeSettings) -> Runtime:
