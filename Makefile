@@ -17,7 +17,7 @@ install: $(PY)
 
 install-test: $(PY)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
-	bash scripts/install-helm.sh $(HELM_DIR)
+	PYTHON=$(PY) bash scripts/install-helm.sh $(HELM_DIR)
 
 up: install
 	$(VENV)/bin/tailguard up $(EXAMPLE)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -122,9 +123,16 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
+    """Run the operator; flags win over the chart's ``TAILGUARD_NAMESPACES`` (comma-separated),
+    ``TAILGUARD_PEERING`` (peering object name, empty = standalone) and
+    ``TAILGUARD_LIVENESS_ENDPOINT`` variables."""
     from .handlers import run_operator
 
-    return int(run_operator(args.namespace) or 0)
+    namespaces = args.namespace or [
+        ns.strip() for ns in os.environ.get("TAILGUARD_NAMESPACES", "").split(",") if ns.strip()]
+    run_operator(namespaces or None, peering=os.environ.get("TAILGUARD_PEERING", ""),
+                 liveness_endpoint=os.environ.get("TAILGUARD_LIVENESS_ENDPOINT") or None)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -62,10 +62,9 @@ def status_line(runtime: Runtime, now: float) -> str:
 
 async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: bool) -> None:
     """Print :func:`status_line` every ``interval_s`` seconds, rewriting one line if ``live``."""
-    loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval_s)
-        line = status_line(runtime, loop.time())
+        line = status_line(runtime, time.perf_counter())
         if live:
             out.write("\r\x1b[2K" + line)
         else:

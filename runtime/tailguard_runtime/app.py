@@ -9,8 +9,8 @@ app. Every error body is the protocol's ``{"error": "..."}``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from time import perf_counter
 from typing import Any, Awaitable, Callable, MutableMapping
 
 import orjson
@@ -68,8 +68,7 @@ class InferenceApp:
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str, v2: bool) -> None:
         runtime = self.runtime
         served: ServedModel | None = None
-        loop_time = _loop_time()
-        arrival = loop_time()
+        arrival = perf_counter()
         admitted = False
         try:
             if name != runtime.name:
@@ -106,17 +105,17 @@ class InferenceApp:
             else:
                 payload = encode_v1(outputs[0])
         except TailguardError as exc:
-            await self._fail(send, served, exc, arrival, loop_time(), admitted)
+            await self._fail(send, served, exc, arrival, perf_counter(), admitted)
             return
         except Exception as exc:  # a bug of ours: answer 500, keep serving
             logger.exception("unexpected error serving %s", scope["path"])
             await self._fail(send, served, TailguardError(f"internal error: {type(exc).__name__}"),
-                             arrival, loop_time(), admitted)
+                             arrival, perf_counter(), admitted)
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS})
         await send({"type": "http.response.body", "body": payload})
-        now = loop_time()
+        now = perf_counter()
         metrics = served.metrics
         metrics.request_duration(now - arrival)
         metrics.count_ok()
@@ -220,7 +219,7 @@ def build_app(runtime: Runtime) -> InferenceApp:
 
     @api.get("/tailguard/stats")
     async def stats() -> dict[str, Any]:
-        now = _loop_time()()
+        now = perf_counter()
         return {"name": runtime.name, "activeModel": runtime.active_role,
                 "ready": runtime.ready and not runtime.draining,
                 "models": {role: s.stats.snapshot(now, s.batcher.queue_depth)
@@ -253,7 +252,3 @@ def build_app(runtime: Runtime) -> InferenceApp:
             return {"name": runtime.name, "activeModel": runtime.active_role, "changed": changed}
 
     return InferenceApp(runtime, api)
-
-
-def _loop_time() -> Callable[[], float]:
-    return asyncio.get_running_loop().time

@@ -14,15 +14,18 @@ rows. With ``max_wait_ms > 0`` the forming batch may wait for batch-mates until 
 after its FIRST request arrived; with 0 it goes at once, so requests arriving during a model call
 form the next batch and batches grow with load, never with waiting. A request larger than
 ``max_batch_size`` is taken in chunks, in order, and reassembled.
+
+Clock: ``time.perf_counter`` (sub-microsecond). uvloop's ``loop.time()`` advances in whole
+milliseconds, so the loop is used only for relative timers (``call_later``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -247,10 +250,10 @@ class Batcher:
         admit(n_rows=x.shape[0], queued_rows=queue.queued_rows, max_queue_size=self.max_queue_size,
               max_batch_size=queue.max_batch_size, time_left_s=timeout_s, estimate=self.estimate,
               busy=self.busy)
-        now = loop.time()
+        now = perf_counter()
         future: asyncio.Future[Outputs] = loop.create_future()
         request = Request(x, now, now + timeout_s, future)
-        request.timer = loop.call_at(request.deadline, self._expire, request)
+        request.timer = loop.call_later(timeout_s, self._expire, request)
         queue.push(request)
         self.in_flight.add(request)
         wakeup = self._wakeup
@@ -323,15 +326,16 @@ class Batcher:
         queue = self.queue
         while True:
             at = queue.dispatch_at()
-            if at is None or at > loop.time():
+            now = perf_counter()
+            if at is None or at > now:
                 self._wakeup = loop.create_future()
-                timer = None if at is None else loop.call_at(at, _resolve, self._wakeup)
+                timer = None if at is None else loop.call_later(at - now, _resolve, self._wakeup)
                 await self._wakeup
                 self._wakeup = None
                 if timer is not None:
                     timer.cancel()
                 continue
-            now = loop.time()
+            now = perf_counter()
             segments, expired = queue.take(now)
             for request in expired:
                 self._expire(request)
@@ -342,12 +346,12 @@ class Batcher:
                     self._observe_queue_wait(now - request.arrival)
             x = gather_rows(segments)
             self.busy = True
-            started = time.perf_counter()
+            started = perf_counter()
             try:
                 pieces = await loop.run_in_executor(self._executor, predict_isolating, self._run, x)
             finally:
                 self.busy = False
-            seconds = time.perf_counter() - started
+            seconds = perf_counter() - started
             self.estimate.record(seconds)
             self._observe_batch(x.shape[0], seconds)
             self._deliver(segments, pieces)

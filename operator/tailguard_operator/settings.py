@@ -1,0 +1,73 @@
+"""Operator settings: one frozen group, built once at startup, then passed down.
+
+What the InferenceService spec does not say about the pods (the runtime image, pod resources, the
+termination timing) and how the operator itself behaves (retry delays) lives here.
+:meth:`OperatorSettings.from_env` reads the ``TAILGUARD_*`` variables the Helm chart sets; nothing
+is read at import time. The manifest builders and the handlers receive the object explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Mapping
+
+ENV_PREFIX = "TAILGUARD_"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """How the operator builds pods and paces its retries.
+
+    Defaults suit a kind cluster on a laptop; the chart overrides them through the environment.
+    """
+
+    runtime_image: str = "tailguard/runtime:0.1.0"
+    """Image of the runtime container (``TAILGUARD_RUNTIME_IMAGE``). A ``file://`` model must be
+    baked into this image (or a derived one named here), at the path its URI names."""
+    image_pull_policy: str = "IfNotPresent"
+    """``TAILGUARD_IMAGE_PULL_POLICY``: IfNotPresent suits images side-loaded with ``kind load``."""
+    cpu_request: str = "500m"
+    """CPU request of one runtime pod (``TAILGUARD_CPU_REQUEST``), a Kubernetes quantity in the
+    API server's canonical form (``500m``, not ``0.5``: a value the server rewrites reads as a
+    difference on every reconcile). The HPA's CPU utilization target is a percentage of it. No
+    CPU limit is ever set: CFS throttling adds tens of ms to the tail."""
+    memory_request: str = "256Mi"
+    """Memory request of one runtime pod (``TAILGUARD_MEMORY_REQUEST``)."""
+    memory_limit: str = "1Gi"
+    """Memory limit of one runtime pod (``TAILGUARD_MEMORY_LIMIT``)."""
+    pre_stop_seconds: int = 5
+    """Seconds a terminating pod keeps serving before SIGTERM (``TAILGUARD_PRE_STOP_SECONDS``),
+    so that endpoints and kube-proxy rules drop it first."""
+    run_as_user: int = 10001
+    """UID (and GID) the runtime runs as (``TAILGUARD_RUN_AS_USER``); matches the runtime image's
+    non-root user."""
+    retry_delay_seconds: float = 5.0
+    """Delay before a handler that waits (a traffic switch waiting for Ready replicas) runs
+    again, in seconds (``TAILGUARD_RETRY_DELAY_SECONDS``). Readiness changes also wake it early,
+    through the watch on the Deployments."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "OperatorSettings":
+        """Build from ``TAILGUARD_<FIELD_NAME_UPPER>`` variables; absent ones keep the default.
+
+        Raises:
+            ValueError: a numeric variable that does not parse, or a non-positive number.
+        """
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is None or raw == "":
+                continue
+            if f.type in ("int", "float"):
+                try:
+                    number = int(raw) if f.type == "int" else float(raw)
+                except ValueError:
+                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()}: expected a number, "
+                                     f"got {raw!r}") from None
+                if number < 0 or (number == 0 and f.name != "pre_stop_seconds"):
+                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()}: must be positive, got {raw!r}")
+                values[f.name] = number
+            else:
+                values[f.name] = raw
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Tests of the Helm chart, the images and the kind path (no cluster, no Docker)."""

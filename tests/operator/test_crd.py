@@ -1,0 +1,167 @@
+"""The InferenceService CRD: a structural schema the API server accepts, examples it accepts,
+and invalid specs it refuses naming the field (schema and CEL rules, defaults applied first)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterator
+
+import jsonschema
+import pytest
+import yaml
+from harness import EXAMPLES, example
+
+from tailguard_operator import spec
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = spec.object_schema()
+
+
+def nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema node below ``schema`` with its dotted path (``[]`` for array items)."""
+    yield path, schema
+    for key, sub in (schema.get("properties") or {}).items():
+        yield from nodes(sub, f"{path}.{key}" if path else key)
+    if isinstance(schema.get("items"), dict):
+        yield from nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from nodes(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_the_repository_copy_is_the_packaged_one() -> None:
+    assert yaml.safe_load((ROOT / "crds" / "inferenceservice.yaml").read_text()) == spec.crd()
+
+
+def test_the_crd_serves_one_version_with_status_and_a_distinct_short_name() -> None:
+    crd = spec.crd()
+    assert crd["metadata"]["name"] == f"{spec.PLURAL}.{spec.GROUP}"
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert "isvc" not in crd["spec"]["names"]["shortNames"]  # KServe's
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == spec.VERSION and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+
+
+def test_the_schema_is_structural() -> None:
+    """What the API server requires of a structural schema (and strict field validation)."""
+    for path, node in nodes(SCHEMA):
+        preserved = node.get("x-kubernetes-preserve-unknown-fields") or \
+            node.get("x-kubernetes-int-or-string")
+        assert "type" in node or preserved, f"{path or '(root)'}: no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        for combinator in ("allOf", "anyOf", "oneOf", "not"):
+            assert combinator not in node, f"{path}: {combinator} is not used"
+        if path.startswith("spec"):
+            assert not node.get("x-kubernetes-preserve-unknown-fields"), path
+        if node.get("type") == "array":
+            assert "maxItems" in node, f"{path}: unbounded list"
+            if node.get("x-kubernetes-list-type") == "map":
+                keys = node["x-kubernetes-list-map-keys"]
+                assert set(keys) <= set(node["items"].get("required", [])), path
+        if node.get("type") == "string" and path.startswith("spec"):
+            assert {"maxLength", "enum", "pattern"} & set(node), f"{path}: unbounded string"
+        for key in node.get("required", []):
+            assert key in node.get("properties", {}), f"{path}: required {key} is not declared"
+    assert SCHEMA["properties"]["metadata"] == {"type": "object"}
+    preserved = [p for p, n in nodes(SCHEMA) if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert preserved == ["status.kopf"]
+
+
+def test_defaults_are_valid_values_of_their_fields() -> None:
+    for path, node in nodes(SCHEMA):
+        if "default" in node:
+            value = spec.apply_defaults(node, copy.deepcopy(node["default"]))
+            errors = list(jsonschema.Draft202012Validator(node).iter_errors(value))
+            assert not errors, (path, errors)
+
+
+def test_every_cel_rule_compiles_and_names_an_existing_field() -> None:
+    import celpy
+
+    env = celpy.Environment()
+    rules = 0
+    for path, node in nodes(SCHEMA):
+        for rule in node.get("x-kubernetes-validations", []):
+            env.compile(rule["rule"])
+            rules += 1
+            assert rule["message"]
+            target: dict[str, Any] = node
+            parts = rule.get("fieldPath", "").strip(".").split(".")
+            if parts[0] == "metadata":  # checked against the API server's own metadata schema
+                continue
+            for part in parts:
+                if part:
+                    assert part in target.get("properties", {}), (path, rule["fieldPath"])
+                    target = target["properties"][part]
+    assert rules >= 7
+
+
+def test_printer_columns_point_at_declared_fields() -> None:
+    (version,) = spec.crd()["spec"]["versions"]
+    declared = {p for p, _ in nodes(SCHEMA)}
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"].lstrip(".").split("[")[0]
+        assert path in declared or path.startswith("metadata."), column
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_accepted(path: Path) -> None:
+    isvc = spec.load_file(path.read_text(), str(path))
+    assert isvc.name == path.stem
+
+
+INVALID: dict[str, tuple[dict[str, Any], str]] = {
+    "zero batch": (dict(batching={"maxBatchSize": 0}), "spec.batching.maxBatchSize"),
+    "min above max": (dict(scaling={"minReplicas": 4, "maxReplicas": 2}),
+                      "spec.scaling.minReplicas"),
+    "waiting breaks the SLO": (dict(batching={"maxWaitMs": 25}), "spec.batching.maxWaitMs"),
+    "fallback is the primary": (dict(fallback={"uri": "builtin://iris/random-forest"}),
+                                "spec.fallback.uri"),
+    "unknown traffic": (dict(traffic="canary"), "spec.traffic"),
+    "unknown field": (dict(modle={"uri": "builtin://iris/random-forest"}), "'modle'"),
+    "batch above the queue (defaults first)": (dict(batching={"maxBatchSize": 300}),
+                                               "spec.batching.maxBatchSize"),
+    "recovering faster than breaking": (
+        dict(slo={"p99LatencyMs": 25, "breachWindows": 5, "recoverWindows": 2}),
+        "spec.slo.recoverWindows"),
+    "checksum of a builtin": (dict(model={"uri": "builtin://iris/random-forest",
+                                          "sha256": "a" * 64}), "spec.model.sha256"),
+    "checksum not hex": (dict(model={"uri": "file:///m.joblib", "sha256": "xyz"}),
+                         "spec.model.sha256"),
+    "http model": (dict(model={"uri": "http://example.com/m.joblib"}), "spec.model.uri"),
+    "bad policy type": (dict(scaling={"behavior": {"scaleUp": {"policies": [
+        {"type": "Bogus", "value": 1, "periodSeconds": 15}]}}}),
+        "spec.scaling.behavior.scaleUp.policies.0.type"),
+    "unknown behavior field": (dict(scaling={"behavior": {"scaleSideways": {}}}),
+                               "spec.scaling.behavior"),
+    "zero CPU target": (dict(scaling={"targetCPUUtilization": 0}),
+                        "spec.scaling.targetCPUUtilization"),
+    "no SLO": (dict(slo=None), "'slo' is a required property"),
+    "wrong type": (dict(rollback={"automatic": "yes"}), "spec.rollback.automatic"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_specs_are_refused_naming_the_field(case: str) -> None:
+    changes, field = INVALID[case]
+    body = example("iris", **changes)
+    body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
+    with pytest.raises(spec.SpecError) as refused:
+        spec.parse(body)
+    assert any(field in error for error in refused.value.errors), refused.value.errors
+
+
+@pytest.mark.parametrize("name", ["Iris", "a" * 55, "9lives"])
+def test_names_that_cannot_name_the_children_are_refused(name: str) -> None:
+    body = example("iris")
+    body["metadata"]["name"] = name
+    with pytest.raises(spec.SpecError, match="metadata.name"):
+        spec.parse(body)
+
+
+def test_cel_rules_see_the_defaults() -> None:
+    """``maxWaitMs`` defaults to 0, below any SLO; ``maxQueueSize`` defaults to 256."""
+    assert spec.parse(example("iris", slo={"p99LatencyMs": 1})).batching.max_wait_ms == 0
+    assert spec.parse(example("iris", batching={"maxBatchSize": 256})).batching.max_batch_size \
+        == 256
