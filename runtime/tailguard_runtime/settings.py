@@ -79,14 +79,17 @@ class RuntimeSettings:
     def from_config(cls, config: Mapping[str, Any]) -> "RuntimeSettings":
         """Build from the runtime config JSON written by the operator.
 
-        Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?}], "batching": {...},
-        "slo": {"windowSeconds": int}}`` with the same camelCase keys as the CRD.
+        Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?, "version"?}],
+        "batching": {...}, "slo": {"windowSeconds": int}, "drainGraceSeconds"?: float,
+        "activeModel"?: str}`` with the same camelCase keys as the CRD (``activeModel`` is read
+        by the server's traffic follower, not here).
 
         Raises:
             KeyError, ValueError: on a missing name or models, or bad roles.
         """
         models = tuple(
-            ModelSettings(uri=m["uri"], role=m.get("role", "primary"), sha256=m.get("sha256"))
+            ModelSettings(uri=m["uri"], role=m.get("role", "primary"), sha256=m.get("sha256"),
+                          version=str(m.get("version", "1")))
             for m in config["models"]
         )
         return cls(
