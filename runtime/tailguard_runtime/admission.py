@@ -55,8 +55,10 @@ def admit(*, n_rows: int, queued_rows: int, max_queue_size: int, max_batch_size:
     Raises:
         PayloadTooLarge: ``n_rows`` exceeds ``max_queue_size``; it could never fit.
         Overloaded: reason ``queue_full`` when the rows do not fit in the free queue space;
-            reason ``deadline`` when the estimated wait for the queue ahead plus this request's
-            own rows exceeds ``time_left_s``. ``retry_after_s`` is the estimated time for the
+            reason ``deadline`` when work is ahead (rows queued or a batch computing) and the
+            estimated wait for it plus this request's own rows exceeds ``time_left_s``. With
+            nothing ahead a request is always admitted, so an estimate made stale by one slow
+            batch cannot lock the server out: the next batch refreshes it. ``retry_after_s`` is the estimated time for the
             current queue to drain, rounded up to whole seconds (at least 1).
     """
     if n_rows > max_queue_size:
@@ -66,6 +68,8 @@ def admit(*, n_rows: int, queued_rows: int, max_queue_size: int, max_batch_size:
     if queued_rows + n_rows > max_queue_size:
         raise Overloaded(f"queue full: {queued_rows} of {max_queue_size} rows waiting, request "
                          f"has {n_rows}", math.ceil(drain_s), "queue_full")
+    if not queued_rows and not busy:
+        return  # nothing ahead: run it, whatever a possibly stale estimate says
     needed_s = estimate.wait_seconds(queued_rows + n_rows, max_batch_size, busy)
     if needed_s > time_left_s:
         raise Overloaded(f"deadline cannot be met: about {needed_s * 1000:.0f} ms of queued work "

@@ -23,7 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .errors import (Draining, InvalidInput, ModelFailed, ModelNotFound, NotReady,
                      PayloadTooLarge, TailguardError)
-from .protocol import decode_v1, decode_v2, encode_error, encode_v1, encode_v2, parse_timeout_header
+from .protocol import (decode_v1, decode_v2, decompress, encode_error, encode_v1, encode_v2,
+                       parse_timeout_header)
 from .service import Runtime, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -55,17 +56,16 @@ class InferenceApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]
             if path.startswith("/v2/models/") and path.endswith("/infer"):
-                name = path[11:-6]
-                if "/versions/" in name:
-                    name = name.split("/versions/", 1)[0]
-                await self._infer(scope, receive, send, name, v2=True)
+                name, _, version = path[11:-6].partition("/versions/")
+                await self._infer(scope, receive, send, name, version or None, v2=True)
                 return
             if path.startswith("/v1/models/") and path.endswith(":predict"):
-                await self._infer(scope, receive, send, path[11:-8], v2=False)
+                await self._infer(scope, receive, send, path[11:-8], None, v2=False)
                 return
         await self.fallthrough(scope, receive, send)
 
-    async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str, v2: bool) -> None:
+    async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,
+                     version: str | None, v2: bool) -> None:
         runtime = self.runtime
         served: ServedModel | None = None
         arrival = perf_counter()
@@ -78,7 +78,11 @@ class InferenceApp:
             if not runtime.ready:
                 raise NotReady(f"model {name!r} is not ready yet")
             served = runtime.active
+            if version is not None and version != served.version:
+                raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
+                                    f"version {served.version!r}")
             timeout_s = self.default_timeout_s
+            encoding = None
             for key, value in scope["headers"]:
                 if key == b"content-length" and int(value) > self.max_body:
                     raise PayloadTooLarge(f"body of {int(value)} bytes exceeds the limit of "
@@ -88,7 +92,11 @@ class InferenceApp:
                 if key == b"inference-header-content-length":
                     raise InvalidInput("binary tensor data is not supported; send JSON tensors "
                                        "(tritonclient: binary_data=False)", 400)
+                if key == b"content-encoding":
+                    encoding = value
             body = await self._read_body(receive)
+            if encoding is not None:
+                body = decompress(body, encoding, self.max_body)
             predictor = served.predictor
             if v2:
                 request = decode_v2(body, predictor.n_features, [o.name for o in predictor.outputs])
@@ -171,10 +179,14 @@ def build_app(runtime: Runtime) -> InferenceApp:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         return JSONResponse({"error": str(exc.errors())}, 422)
 
-    def served_or_404(name: str) -> ServedModel:
+    def served_or_404(name: str, version: str | None) -> ServedModel:
         if name != runtime.name:
             raise ModelNotFound(f"model {name!r} not found; this runtime serves {runtime.name!r}")
-        return runtime.active
+        served = runtime.active
+        if version is not None and version != served.version:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
+                                f"version {served.version!r}")
+        return served
 
     @api.get("/v2/health/live")
     async def live() -> dict[str, bool]:
@@ -194,8 +206,8 @@ def build_app(runtime: Runtime) -> InferenceApp:
 
     @api.get("/v2/models/{name}")
     @api.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(name: str) -> dict[str, Any]:
-        served = served_or_404(name)
+    async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
+        served = served_or_404(name, version)
         p = served.predictor
         return {
             "name": runtime.name, "versions": [served.version], "platform": "scikit-learn",
@@ -207,8 +219,8 @@ def build_app(runtime: Runtime) -> InferenceApp:
 
     @api.get("/v2/models/{name}/ready")
     @api.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str) -> dict[str, Any]:
-        served_or_404(name)
+    async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
+        served_or_404(name, version)
         if runtime.draining or not runtime.ready:
             raise NotReady(f"model {name!r} is not ready")
         return {"name": runtime.name, "ready": True}

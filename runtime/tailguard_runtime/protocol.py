@@ -12,13 +12,14 @@ message names the field and what was expected. Encoders return bytes. Pure: no I
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import orjson
 
-from .errors import InvalidInput
+from .errors import InvalidInput, PayloadTooLarge
 from .models import OutputSpec
 
 V2_DATATYPES = ("FP32", "FP64", "INT64")
@@ -129,6 +130,29 @@ def encode_v1(predictions: np.ndarray) -> bytes:
 def encode_error(message: str) -> bytes:
     """The protocol's error body ``{"error": message}``."""
     return orjson.dumps({"error": message})
+
+
+def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    """Undo a ``Content-Encoding`` of ``gzip`` or ``deflate`` (``identity`` passes through).
+
+    Raises:
+        InvalidInput: another encoding (415) or a corrupt stream (400).
+        PayloadTooLarge: the decompressed body would exceed ``limit`` bytes.
+    """
+    name = encoding.strip().lower()
+    if name == b"identity":
+        return body
+    if name not in (b"gzip", b"deflate"):
+        raise InvalidInput(f"Content-Encoding {name.decode(errors='replace')!r} is not supported; "
+                           "use gzip, deflate or none", 415)
+    inflater = zlib.decompressobj(wbits=47 if name == b"gzip" else 15)  # 47: gzip or zlib header
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"body is not valid {name.decode()} data: {exc}", 400) from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
+    return out
 
 
 def parse_timeout_header(value: bytes) -> float:

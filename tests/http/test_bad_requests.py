@@ -13,12 +13,11 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import RuntimeServer, error_of, v1_body, v2_body, v2_outputs
+from http_harness import DIGITS_MAX_QUEUE, RuntimeServer, error_of, v1_body, v2_body, v2_outputs
 
 V2 = "/v2/models/digits/infer"
 V1 = "/v1/models/digits:predict"
 N = 64  # digits features
-MAX_QUEUE = 256  # the digits server's maxQueueSize
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # RuntimeSettings.max_body_bytes; no config key sets it
 
 
@@ -105,10 +104,11 @@ BAD = [
           headers={"X-Request-Timeout-Ms": v})
       for v, path in [("abc", V2), ("0", V1), ("-5", V2), ("nan", V2), ("inf", V1)]],
     # more rows than the queue can ever hold: 413
-    Bad("rows-over-queue-v2", V2, _v2(shape=(MAX_QUEUE + 1, N),
-                                      data=[0.0] * N * (MAX_QUEUE + 1)), 413, ("257", "256")),
-    Bad("rows-over-queue-v1", V1, json.dumps({"instances": [[0.0] * N] * 400}).encode(), 413,
-        ("400", "256")),
+    Bad("rows-over-queue-v2", V2, _v2(shape=(DIGITS_MAX_QUEUE + 1, N),
+                                      data=[0.0] * N * (DIGITS_MAX_QUEUE + 1)), 413,
+        (str(DIGITS_MAX_QUEUE + 1), str(DIGITS_MAX_QUEUE))),
+    Bad("rows-over-queue-v1", V1, json.dumps({"instances": [[0.0] * N] * 1500}).encode(), 413,
+        ("1500", str(DIGITS_MAX_QUEUE))),
     # unknown model or route: 404
     Bad("unknown-model-infer-v2", "/v2/models/nope/infer", _v2(), 404, ("nope",)),
     Bad("unknown-model-versioned-infer-v2", "/v2/models/nope/versions/1/infer", _v2(), 404,
@@ -144,8 +144,8 @@ def test_bad_request_gets_its_status_and_an_error_body(digits_server: RuntimeSer
         _assert_answer(bad, _send(client, bad))
 
 
-def _raw_exchange(port: int, head: bytes, chunks: Iterable[bytes] = ()) -> tuple[int, dict[str, str],
-                                                                                  bytes]:
+def _raw_exchange(port: int, head: bytes,
+                  chunks: Iterable[bytes] = ()) -> tuple[int, dict[str, str], bytes]:
     """Send a hand-written HTTP/1.1 request and read one response (status, headers, body)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(head)

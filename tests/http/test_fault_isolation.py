@@ -7,6 +7,8 @@ bisect the failing batch and answer every good neighbour with its own, correct p
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +17,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from conftest import (RuntimeServer, error_of, labels, probe_rows, scrape, slow_row, v1_body,
-                      v2_body, v2_outputs)
+from http_harness import (RuntimeServer, error_of, labels, probe_rows, scrape, slow_row, v1_body,
+                         v2_body, v2_outputs)
 
 V2 = "/v2/models/probe/infer"
 V1 = "/v1/models/probe:predict"
@@ -129,3 +131,37 @@ def test_every_row_poisoned_fails_alone(probe_server: tuple[RuntimeServer, Any])
         else:
             assert r.status_code == 200, (i, r.text)
             np.testing.assert_array_equal(r.json()["predictions"], model.predict(x))
+
+
+def test_clients_that_disconnect_never_stall_the_batch_loop(
+        probe_server: tuple[RuntimeServer, Any]) -> None:
+    """Clients that hang up while queued, or halfway through sending their body, leave the
+    batch loop serving everyone else, and leave no row counted as waiting."""
+    server, model = probe_server
+    body = json.dumps(v1_body(probe_rows(3, seed=300))).encode()
+    head = (f"POST {V1} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    goods = [probe_rows(1 + i % 3, seed=400 + i) for i in range(8)]
+    with server.client(limits=httpx.Limits(max_connections=16)) as client:
+        results: dict[str, httpx.Response] = {}
+        blocker = threading.Thread(target=lambda: results.__setitem__(
+            "blocker", client.post(V1, json=v1_body(slow_row(800)))))
+        blocker.start()
+        _wait_for(client, "tailguard_in_flight_requests", 1.0)
+        for _ in range(3):  # whole request queued, then gone
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                sock.sendall(head + body)
+        _wait_for(client, "tailguard_queue_depth", 9.0)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(head + body[: len(body) // 2])  # gone mid-body
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(lambda x: client.post(V1, json=v1_body(x)), goods))
+        blocker.join(timeout=30)
+        _wait_for(client, "tailguard_in_flight_requests", 0.0)
+        _wait_for(client, "tailguard_queue_depth", 0.0)
+        ready = client.get("/v2/health/ready")
+    assert results["blocker"].status_code == 200
+    for x, r in zip(goods, answers):
+        assert r.status_code == 200, r.text
+        np.testing.assert_array_equal(r.json()["predictions"], model.predict(x))
+    assert ready.status_code == 200

@@ -7,14 +7,15 @@ same rows of scikit-learn's digits.
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import numpy as np
 import pytest
 
-from conftest import RuntimeServer, labels, scrape, v1_body, v2_body, v2_outputs
+from http_harness import RuntimeServer, labels, scrape, v1_body, v2_body, v2_outputs
 
 MAX_BATCH = 32  # the digits server's maxBatchSize
 
@@ -51,7 +52,8 @@ def test_concurrent_mixed_traffic_matches_offline_predict(
     def send(client: httpx.Client, job: tuple[int, str, np.ndarray, bool]) -> None:
         i, protocol, x, nested = job
         if protocol == "v2":
-            r = client.post("/v2/models/digits/infer", json=v2_body(x, nested=nested, id=f"req-{i}"))
+            body = v2_body(x, nested=nested, id=f"req-{i}")
+            r = client.post("/v2/models/digits/infer", json=body)
             assert r.status_code == 200, r.text
             _check_v2(r.json(), digits_model, x, f"req-{i}")
         else:
@@ -131,3 +133,23 @@ def test_health_routes(digits_server: RuntimeServer) -> None:
         ready = client.get("/v2/health/ready")
     assert live.status_code == 200 and live.json() == {"live": True}
     assert ready.status_code == 200 and ready.json() == {"ready": True}
+
+
+def test_streamed_chunked_body_is_read_whole(
+        digits_server: RuntimeServer, digits_model: Any,
+        digits_data: tuple[np.ndarray, np.ndarray]) -> None:
+    """A body sent with ``Transfer-Encoding: chunked`` (no Content-Length) arrives in pieces."""
+    x = digits_data[0][600:650]
+    rows = [json.dumps(row).encode() for row in x.tolist()]
+
+    def pieces() -> Iterator[bytes]:
+        yield b'{"instances": ['
+        for i, row in enumerate(rows):
+            yield (b", " if i else b"") + row
+        yield b"]}"
+
+    with digits_server.client() as client:
+        r = client.post("/v1/models/digits:predict", content=pieces(),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    np.testing.assert_array_equal(r.json()["predictions"], digits_model.predict(x))

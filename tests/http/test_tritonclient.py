@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from conftest import RuntimeServer, probe_rows, probe_runtime, slow_row
+from http_harness import RuntimeServer, probe_rows, probe_runtime, slow_row
 
 
 @pytest.fixture
@@ -98,6 +98,29 @@ def test_infer_unknown_model_is_404(client: triton.InferenceServerClient,
     with pytest.raises(InferenceServerException) as info:
         client.infer("no-such-model", [_input(digits_data[0][:1])])
     assert info.value.status() == "404"
+
+
+def test_unknown_version_is_404_everywhere(client: triton.InferenceServerClient,
+                                           digits_data: tuple[np.ndarray, np.ndarray]) -> None:
+    assert client.is_model_ready("digits", model_version="7") is False
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata("digits", model_version="7")
+    assert info.value.status() == "404" and "no version '7'" in info.value.message()
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("digits", [_input(digits_data[0][:1])], model_version="7",
+                     outputs=[triton.InferRequestedOutput("predict", binary_data=False)])
+    assert info.value.status() == "404" and "no version '7'" in info.value.message()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_understood(client: triton.InferenceServerClient,
+                                            digits_model: Any,
+                                            digits_data: tuple[np.ndarray, np.ndarray],
+                                            algorithm: str) -> None:
+    x = digits_data[0][10:15]
+    result = client.infer("digits", [_input(x)], request_compression_algorithm=algorithm,
+                          outputs=[triton.InferRequestedOutput("predict", binary_data=False)])
+    np.testing.assert_array_equal(result.as_numpy("predict"), digits_model.predict(x))
 
 
 @pytest.fixture(scope="module")

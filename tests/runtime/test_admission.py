@@ -48,3 +48,14 @@ def test_estimate_follows_recent_batches() -> None:
     for _ in range(40):
         estimate.record(0.01)
     assert estimate.batch_seconds == pytest.approx(0.01, rel=0.1)
+
+
+def test_an_idle_model_admits_whatever_a_stale_estimate_says() -> None:
+    """One slow batch (a cold start, a GC pause) once made the estimate exceed the deadline;
+    with nothing queued and the model idle no batch ran to correct it, and every request was
+    refused for good. With nothing ahead, the request must run."""
+    estimate = DrainEstimate()
+    estimate.record(1.2)
+    _admit(queued_rows=0, estimate=estimate, busy=False, time_left_s=0.5)
+    with pytest.raises(Overloaded):
+        _admit(queued_rows=0, estimate=estimate, busy=True, time_left_s=0.5)

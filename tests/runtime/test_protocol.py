@@ -101,3 +101,24 @@ def test_timeout_header_is_milliseconds() -> None:
         with pytest.raises(InvalidInput) as info:
             parse_timeout_header(bad)
         assert info.value.status_code == 400
+
+
+def test_compressed_bodies_are_inflated_within_the_limit() -> None:
+    import gzip
+    import zlib
+
+    from tailguard_runtime.errors import PayloadTooLarge
+    from tailguard_runtime.protocol import decompress
+
+    body = b'{"instances": [[1, 2]]}'
+    assert decompress(gzip.compress(body), b"gzip", 1024) == body
+    assert decompress(zlib.compress(body), b"deflate", 1024) == body
+    assert decompress(body, b"identity", 1024) == body
+    with pytest.raises(PayloadTooLarge):
+        decompress(gzip.compress(b" " * 10_000), b"gzip", 1024)  # a small bomb
+    with pytest.raises(InvalidInput) as info:
+        decompress(body, b"br", 1024)
+    assert info.value.status_code == 415
+    with pytest.raises(InvalidInput) as info:
+        decompress(b"not gzip", b"gzip", 1024)
+    assert info.value.status_code == 400
