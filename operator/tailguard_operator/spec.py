@@ -218,17 +218,20 @@ def _schema_errors(obj: Any) -> Iterator[str]:
 def _strict_schema() -> dict[str, Any]:
     """The schema with ``additionalProperties: false`` wherever properties are listed and
     unknown fields are not preserved: the API server's strict field validation."""
-    return _forbid_unknown(object_schema())  # type: ignore[no-any-return]
+    return forbid_unknown(object_schema())  # type: ignore[no-any-return]
 
 
-def _forbid_unknown(schema: Any) -> Any:
+def forbid_unknown(schema: Any) -> Any:
+    """A copy of a CRD schema with ``additionalProperties: false`` wherever properties are
+    listed and unknown fields are not preserved: what the API server would prune (or, with
+    strict field validation, refuse) becomes a JSON-schema error."""
     if isinstance(schema, dict):
-        out = {k: _forbid_unknown(v) for k, v in schema.items()}
+        out = {k: forbid_unknown(v) for k, v in schema.items()}
         if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
-        return [_forbid_unknown(v) for v in schema]
+        return [forbid_unknown(v) for v in schema]
     return schema
 
 

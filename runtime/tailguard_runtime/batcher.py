@@ -26,18 +26,15 @@ import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from .admission import DrainEstimate, admit
 from .errors import DeadlineExceeded, Draining, ModelFailed, TailguardError
+from .rows import Outputs, concat_outputs, gather_rows, predict_isolating, split_outputs
 
 logger = logging.getLogger(__name__)
-
-Outputs = tuple[np.ndarray, ...]
-"""One array per model output, each with the row axis first."""
-
 
 class Request:
     """One admitted request: ``x`` of shape ``(n_rows, n_features)`` float64.
@@ -61,7 +58,7 @@ class Request:
 
 
 Segment = tuple[Request, int, int]
-"""Rows ``[start, stop)`` of one request that go into a batch."""
+"""Rows ``[start, stop)`` of one request that go into a batch (see :mod:`.rows`)."""
 
 
 class BatchQueue:
@@ -146,58 +143,6 @@ class BatchQueue:
         items = self._items
         while items and (items[0].future.done() or items[0].taken >= items[0].n_rows):
             self.discard(items.popleft())
-
-
-def gather_rows(segments: Sequence[Segment]) -> np.ndarray:
-    """Stack the segments' rows into one ``(n_rows, n_features)`` array (no copy for one whole
-    request)."""
-    if len(segments) == 1:
-        request, start, stop = segments[0]
-        return request.x if start == 0 and stop == request.n_rows else request.x[start:stop]
-    return np.concatenate([r.x[a:b] for r, a, b in segments])
-
-
-def predict_isolating(run: Callable[[np.ndarray], Outputs],
-                      x: np.ndarray) -> list[tuple[int, int, Outputs | BaseException]]:
-    """Run the model on ``x``; if it raises, bisect so only the offending rows fail.
-
-    Returns pieces ``(start, stop, outputs-or-exception)`` that cover ``[0, n_rows)`` in order.
-    A single row that still raises carries its exception. Costs ``O(k log n)`` extra model calls
-    for ``k`` bad rows.
-    """
-    try:
-        return [(0, x.shape[0], run(x))]
-    except Exception as exc:
-        if x.shape[0] == 1:
-            return [(0, 1, exc)]
-    mid = x.shape[0] // 2
-    left = predict_isolating(run, x[:mid])
-    right = predict_isolating(run, x[mid:])
-    return left + [(a + mid, b + mid, out) for a, b, out in right]
-
-
-def split_outputs(pieces: Sequence[tuple[int, int, Outputs | BaseException]],
-                  start: int, stop: int) -> Outputs | BaseException:
-    """The outputs for batch rows ``[start, stop)``, or the first exception among them."""
-    if len(pieces) == 1:
-        out = pieces[0][2]
-        return out if isinstance(out, BaseException) else tuple(o[start:stop] for o in out)
-    parts: list[Outputs] = []
-    for a, b, out in pieces:
-        if b <= start or a >= stop:
-            continue
-        if isinstance(out, BaseException):
-            return out
-        lo, hi = max(a, start) - a, min(b, stop) - a
-        parts.append(tuple(o[lo:hi] for o in out))
-    return concat_outputs(parts)
-
-
-def concat_outputs(parts: Sequence[Outputs]) -> Outputs:
-    """Join per-chunk outputs along the row axis."""
-    if len(parts) == 1:
-        return parts[0]
-    return tuple(np.concatenate(cols) for cols in zip(*parts))
 
 
 class Batcher:

@@ -105,17 +105,7 @@ def make_ready(fake: FakeApiServer, deployment: str, ready: int) -> None:
                subresource="status")
 
 
-def strict(schema: Any) -> Any:
-    """A copy of a CRD schema with ``additionalProperties: false`` wherever properties are
-    listed and unknown fields are not preserved: what the API server would prune, refused."""
-    if isinstance(schema, dict):
-        out = {k: strict(v) for k, v in schema.items()}
-        if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [strict(v) for v in schema]
-    return schema
+strict = spec.forbid_unknown
 
 
 def events(fake: FakeApiServer, reason: str | None = None) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from tailguard_runtime.batcher import Batcher, BatchQueue, Request, predict_isolating
+from tailguard_runtime.batcher import Batcher, BatchQueue, Request
+from tailguard_runtime.rows import predict_isolating
 from tailguard_runtime.errors import (DeadlineExceeded, Draining, ModelFailed, Overloaded,
                                       PayloadTooLarge)
 
