@@ -1,9 +1,11 @@
 # Two entry points for a fresh machine (Python 3.11+ on PATH as python3):
 #   make up     create .venv, install tailguard, serve examples/digits.yaml on 127.0.0.1:8080
+#               (make up PORT=9090 EXAMPLE=examples/iris.yaml to change either)
 #   make test   create .venv, install tailguard with its test tools (and helm), run the suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXAMPLE ?= examples/digits.yaml
+PORT ?= 8080
 HELM_DIR ?= .ci/bin
 
 .PHONY: up test install install-test bench clean
@@ -20,7 +22,7 @@ install-test: $(PY)
 	PYTHON=$(PY) bash scripts/install-helm.sh $(HELM_DIR)
 
 up: install
-	$(VENV)/bin/tailguard up $(EXAMPLE)
+	$(VENV)/bin/tailguard up $(EXAMPLE) --port $(PORT)
 
 test: install-test
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" $(PY) -m pytest

@@ -119,6 +119,10 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return 1
     print(json.dumps({"name": isvc.name, "spec": isvc.spec}, indent=2))
+    from .manifests import cluster_problems
+
+    for line in cluster_problems(isvc):
+        print(f"note: valid for tailguard up, but the operator refuses it: {line}", file=sys.stderr)
     return 0
 
 

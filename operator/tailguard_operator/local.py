@@ -94,15 +94,16 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
                     and d.get("kind") == "InferenceService").get("spec", {})
     for line in not_applicable(raw_spec):
         print(f"note: {line}", file=out)
-    limit_threads()
-    runtime = _load(isvc, out)
-    if runtime is None:
-        return 2
-    try:
+    try:  # before the (possibly slow) model load, so a busy port fails at once
         sock = bind_socket(host, port)
     except OSError as exc:
         print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} "
               "(use --port to pick another port)", file=sys.stderr)
+        return 2
+    limit_threads()
+    runtime = _load(isvc, out)
+    if runtime is None:
+        sock.close()
         return 2
     bound = sock.getsockname()[1]
     base = f"http://{host}:{bound}"
