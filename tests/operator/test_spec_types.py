@@ -1,0 +1,81 @@
+"""The CRD schema and the Python types agree: every spec field the CRD declares is read into
+`spec.InferenceService`, and the typed view holds nothing the CRD does not declare."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tailguard_operator import spec
+
+Getter = Callable[[spec.InferenceService], Any]
+
+FIELDS: dict[str, Getter] = {
+    **{f"{role}.{key}": (lambda s, r=role, a=attr: getattr(getattr(s, r), a))
+       for role in ("model", "fallback")
+       for key, attr in (("uri", "uri"), ("format", "format"), ("sha256", "sha256"),
+                         ("version", "version"))},
+    "batching.maxBatchSize": lambda s: s.batching.max_batch_size,
+    "batching.maxWaitMs": lambda s: s.batching.max_wait_ms,
+    "batching.maxQueueSize": lambda s: s.batching.max_queue_size,
+    "batching.timeoutMs": lambda s: s.batching.timeout_ms,
+    "slo.p99LatencyMs": lambda s: s.slo.p99_latency_ms,
+    "slo.windowSeconds": lambda s: s.slo.window_seconds,
+    "slo.breachWindows": lambda s: s.slo.breach_windows,
+    "slo.recoverWindows": lambda s: s.slo.recover_windows,
+    "slo.minSamples": lambda s: s.slo.min_samples,
+    "scaling.minReplicas": lambda s: s.scaling.min_replicas,
+    "scaling.maxReplicas": lambda s: s.scaling.max_replicas,
+    "scaling.targetQueueDepth": lambda s: s.scaling.target_queue_depth,
+    "scaling.targetCPUUtilization": lambda s: s.scaling.target_cpu_utilization,
+    "scaling.behavior": lambda s: s.scaling.behavior,  # HPA v2 behavior, passed through verbatim
+    "rollback.automatic": lambda s: s.automatic_rollback,
+    "traffic": lambda s: s.traffic,
+}
+
+FULL = {
+    "apiVersion": "tailguard.dev/v1alpha1", "kind": "InferenceService",
+    "metadata": {"name": "full", "namespace": "ml"},
+    "spec": {
+        "model": {"uri": "file:///models/forest.joblib", "format": "sklearn", "sha256": "a" * 64,
+                  "version": "7"},
+        "fallback": {"uri": "file:///models/linear.joblib", "format": "sklearn", "sha256": "b" * 64,
+                     "version": "3"},
+        "batching": {"maxBatchSize": 48, "maxWaitMs": 2, "maxQueueSize": 480, "timeoutMs": 750},
+        "slo": {"p99LatencyMs": 40, "windowSeconds": 15, "breachWindows": 2, "recoverWindows": 5,
+                "minSamples": 30},
+        "scaling": {"minReplicas": 2, "maxReplicas": 9, "targetQueueDepth": 12,
+                    "targetCPUUtilization": 70,
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 120}}},
+        "rollback": {"automatic": False},
+        "traffic": "fallback",
+    },
+}
+
+
+def _leaves(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted paths of the spec's leaf fields; `behavior` counts as one (it is verbatim)."""
+    out: set[str] = set()
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        if "properties" in sub and key != "behavior":
+            out |= _leaves(sub, path + ".")
+        else:
+            out.add(path)
+    return out
+
+
+def _at(doc: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        doc = doc[key]
+    return doc
+
+
+def test_every_crd_spec_field_has_a_typed_home_and_nothing_else_does() -> None:
+    assert _leaves(spec.object_schema()["properties"]["spec"]) == set(FIELDS)
+
+
+def test_the_typed_view_carries_every_value_of_the_object() -> None:
+    isvc = spec.parse(FULL)
+    assert (isvc.name, isvc.namespace) == ("full", "ml")
+    for path, getter in FIELDS.items():
+        assert getter(isvc) == _at(FULL["spec"], path), path
