@@ -147,7 +147,7 @@ class InferenceApp:
 
     async def _fail(self, send: Send, served: ServedModel | None, exc: TailguardError,
                     arrival: float, now: float, admitted: bool) -> None:
-        headers = JSON_HEADERS + exc.headers
+        headers = (JSON_HEADERS if self.runtime.keep_alive else CLOSING_HEADERS) + exc.headers
         await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": encode_error(exc.message)})
         if served is None:

@@ -103,6 +103,7 @@ class Runtime:
         """Turn readiness off, stop admitting, flush, and wait up to ``grace_s`` seconds for
         admitted requests. Returns how many were answered 503 when the grace period ended."""
         self.draining = True
+        self.keep_alive = False  # clients reconnect elsewhere instead of reusing this pod
         results = await asyncio.gather(*(m.batcher.drain(grace_s) for m in self.models.values()))
         return sum(results)
 
