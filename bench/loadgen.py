@@ -295,6 +295,11 @@ class Client(asyncio.Protocol):
             state.idle.set()
 
 
+def _factory(client: Client) -> Callable[[], Client]:
+    """A protocol factory that hands out ``client`` itself."""
+    return lambda: client
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile ``q`` (0-100) of already sorted values; NaN when empty."""
     if not sorted_values:
@@ -398,7 +403,7 @@ async def run_load(url: str, fmt: str, clients: int, duration_s: float, warmup_s
 
     pool = [Client(state, i, _schedule) for i in range(clients)]
     for start in range(0, clients, 64):  # open connections in waves, all before any load
-        await asyncio.gather(*(loop.create_connection(lambda c=c: c, host, port)
+        await asyncio.gather(*(loop.create_connection(_factory(c), host, port)
                                for c in pool[start:start + 64]))
     state.active = clients
     t0 = time.perf_counter()

@@ -49,8 +49,10 @@ for peer in "${peers[@]}"; do
             make_venv mosec mosec==0.9.8 "$np_pin" "$sk_pin" joblib threadpoolctl \
                 || make_venv mosec mosec==0.9.8 numpy scikit-learn joblib threadpoolctl ;;
         mlserver)
-            # mlserver-sklearn pins its own scikit-learn range; let pip pick inside it
-            make_venv mlserver mlserver==1.7.1 mlserver-sklearn==1.7.1 uvloop==0.21.0 ;;
+            # same scikit-learn as the project if mlserver-sklearn accepts it, else its own pick
+            make_venv mlserver mlserver==1.7.1 mlserver-sklearn==1.7.1 uvloop==0.21.0 \
+                "$np_pin" "$sk_pin" \
+                || make_venv mlserver mlserver==1.7.1 mlserver-sklearn==1.7.1 uvloop==0.21.0 ;;
         *)
             echo "setup_peers: unknown peer $peer (known: mosec mlserver)" >&2; exit 2 ;;
     esac

@@ -34,7 +34,7 @@ def build_app(model_path: str) -> FastAPI:
     app = FastAPI()
 
     @app.post("/v1/models/ref:predict")
-    def predict(request: PredictRequest) -> dict[str, list]:
+    def predict(request: PredictRequest) -> dict[str, list[int]]:
         proba = model.predict_proba(np.asarray(request.instances, dtype=np.float64))
         return {"predictions": classes.take(proba.argmax(axis=1)).tolist()}
 

@@ -120,8 +120,9 @@ class InferenceApp:
             await self._fail(send, served, TailguardError(f"internal error: {type(exc).__name__}"),
                              arrival, perf_counter(), admitted)
             return
+        headers = JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS
         await send({"type": "http.response.start", "status": 200,
-                    "headers": JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS})
+                    "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
         await send({"type": "http.response.body", "body": payload})
         now = perf_counter()
         metrics = served.metrics

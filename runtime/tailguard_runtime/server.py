@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -173,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--no-fast-forests", dest="fast_forests", action="store_false",
+                        help="call scikit-learn's own forest predict_proba (for comparisons)")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     limit_threads()
@@ -180,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         config = json.load(fh)
     if args.role:
         config = {**config, "models": [m for m in config["models"] if m.get("role") == args.role]}
-    settings = RuntimeSettings.from_config(config)
+    settings = dataclasses.replace(RuntimeSettings.from_config(config),
+                                   fast_forests=args.fast_forests)
     try:
         runtime = load_runtime(settings)
     except ModelLoadError as exc:

@@ -131,7 +131,8 @@ def load_runtime(settings: RuntimeSettings) -> Runtime:
     predictors: dict[str, Predictor] = {}
     for model in settings.models:
         logger.info("loading model service=%s role=%s uri=%s", settings.name, model.role, model.uri)
-        predictors[model.role] = load_model(model.uri, model.sha256)
+        predictors[model.role] = load_model(model.uri, model.sha256,
+                                            fast_forests=settings.fast_forests)
     if "primary" in predictors and "fallback" in predictors:
         check_drop_in(predictors["primary"], predictors["fallback"])
     return Runtime(settings, predictors)

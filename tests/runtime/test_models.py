@@ -78,3 +78,25 @@ def test_fallback_must_be_a_drop_in() -> None:
     with pytest.raises(ModelLoadError, match="classes"):
         check_drop_in(iris, two_classes)
     check_drop_in(iris, load_model("builtin://iris/random-forest?trees=5"))
+
+
+@pytest.mark.parametrize("forest_type", ["random", "extra"])
+def test_fast_forest_path_is_bit_for_bit_sklearns(forest_type: str) -> None:
+    from sklearn.ensemble import ExtraTreesClassifier
+
+    from tailguard_runtime.models import forest_predict_proba
+
+    x, y = load_dataset("digits")
+    cls = RandomForestClassifier if forest_type == "random" else ExtraTreesClassifier
+    forest = cls(n_estimators=30, random_state=0, n_jobs=1).fit(x, y)
+    fast = forest_predict_proba(forest)
+    rng = np.random.default_rng(0)
+    noisy = x + rng.normal(0, 3, x.shape)  # off the training set, where trees disagree
+    for rows in (x[:1], x[:64], noisy[:257]):
+        assert np.array_equal(fast(rows), forest.predict_proba(rows))
+    labels, proba = wrap_estimator("file:///f", forest).run(noisy)
+    assert np.array_equal(labels, forest.predict(noisy))
+    with pytest.raises(ValueError, match="too large for dtype"):
+        fast(np.full((1, 64), 1e39))
+    with pytest.raises(ValueError), np.errstate(over="ignore"):
+        forest.predict_proba(np.full((1, 64), 1e39))  # sklearn refuses the same input
