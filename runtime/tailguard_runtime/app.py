@@ -51,6 +51,7 @@ class InferenceApp:
         self.fallthrough = fallthrough
         self.max_body = runtime.settings.max_body_bytes
         self.default_timeout_s = runtime.settings.batching.timeout_ms / 1000.0
+        self.max_rows = runtime.settings.batching.max_queue_size
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -99,12 +100,13 @@ class InferenceApp:
                 body = decompress(body, encoding, self.max_body)
             predictor = served.predictor
             if v2:
-                request = decode_v2(body, predictor.n_features, [o.name for o in predictor.outputs])
+                request = decode_v2(body, predictor.n_features,
+                                    [o.name for o in predictor.outputs], self.max_rows)
                 x = request.x
                 if request.timeout_us is not None:
                     timeout_s = min(timeout_s, request.timeout_us / 1e6)
             else:
-                x = decode_v1(body, predictor.n_features)
+                x = decode_v1(body, predictor.n_features, self.max_rows)
             admitted = True
             outputs = await served.batcher.submit(x, timeout_s)
             if v2:

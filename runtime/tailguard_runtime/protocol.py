@@ -40,10 +40,15 @@ class V2Request:
     timeout_us: float | None
 
 
-def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str]) -> V2Request:
+def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
+              max_rows: int | None = None) -> V2Request:
     """Decode and validate a v2 ``/infer`` body for a model with ``n_features`` features.
 
+    ``max_rows``: refuse a tensor with more rows before converting its data (they could never
+    be queued, and converting millions of values would stall the event loop for nothing).
+
     Raises:
+        PayloadTooLarge: more than ``max_rows`` rows (413).
         InvalidInput: malformed JSON (400); missing or extra inputs, unsupported datatype, wrong
             shape or feature count, element count not matching the shape, non-numeric, boolean
             or non-finite values, unknown requested outputs, a bad ``parameters.timeout`` (422).
@@ -70,6 +75,7 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str]) -> V2R
                            f"(shape [n_rows, {n_features}]), got shape {shape}")
     if shape[0] == 0:
         raise InvalidInput(f"inputs[0] ({name}): shape {shape} has no rows")
+    _check_rows(shape[0], max_rows)
     data = tensor.get("data")
     if not isinstance(data, list):
         if tensor.get("parameters", {}).get("binary_data_size") is not None:
@@ -85,12 +91,13 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str]) -> V2R
     return V2Request(x, _request_id(doc.get("id")), outputs, _timeout_us(doc.get("parameters")))
 
 
-def decode_v1(body: bytes, n_features: int) -> np.ndarray:
+def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> np.ndarray:
     """Decode a KServe v1 ``:predict`` body ``{"instances": [[f0, f1, ...], ...]}``.
 
-    Returns ``(n_rows, n_features)`` float64.
+    Returns ``(n_rows, n_features)`` float64. ``max_rows``: as for :func:`decode_v2`.
 
     Raises:
+        PayloadTooLarge: more than ``max_rows`` rows (413).
         InvalidInput: malformed JSON (400); no ``instances`` list, ragged or wrong-width rows,
             non-numeric, boolean or non-finite values (422).
     """
@@ -99,6 +106,7 @@ def decode_v1(body: bytes, n_features: int) -> np.ndarray:
     if not isinstance(instances, list) or not instances:
         raise InvalidInput(f"body must be {{\"instances\": [[{n_features} numbers], ...]}} "
                            "with at least one row")
+    _check_rows(len(instances), max_rows)
     x = _to_matrix(instances, "instances", False)
     if x.ndim != 2 or x.shape[1] != n_features:
         raise InvalidInput(f"instances: each row must have {n_features} numbers; got an array of "
@@ -169,6 +177,12 @@ def parse_timeout_header(value: bytes) -> float:
         raise InvalidInput(f"X-Request-Timeout-Ms must be a positive number of milliseconds, "
                            f"got {value.decode(errors='replace')!r}", 400)
     return ms / 1000.0
+
+
+def _check_rows(n_rows: int, max_rows: int | None) -> None:
+    if max_rows is not None and n_rows > max_rows:
+        raise PayloadTooLarge(f"request has {n_rows} rows but the queue holds at most "
+                              f"{max_rows} rows (maxQueueSize); split it into smaller requests")
 
 
 def _loads(body: bytes) -> Any:

@@ -122,3 +122,14 @@ def test_compressed_bodies_are_inflated_within_the_limit() -> None:
     with pytest.raises(InvalidInput) as info:
         decompress(b"not gzip", b"gzip", 1024)
     assert info.value.status_code == 400
+
+
+def test_too_many_rows_are_refused_before_their_data_is_converted() -> None:
+    from tailguard_runtime.errors import PayloadTooLarge
+
+    v2 = orjson.dumps({"inputs": [{"name": "x", "shape": [5, 1], "datatype": "FP64",
+                                   "data": ["not", "even", "numbers", "!", "?"]}]})
+    with pytest.raises(PayloadTooLarge, match="5 rows but the queue holds at most 4"):
+        decode_v2(v2, 1, OUTPUTS, max_rows=4)
+    with pytest.raises(PayloadTooLarge):
+        decode_v1(b'{"instances": [[1], [2], [3]]}', 1, max_rows=2)
