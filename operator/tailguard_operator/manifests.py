@@ -130,7 +130,7 @@ def runtime_config(isvc: spec.InferenceService, active_role: str) -> dict[str, A
     """The JSON the runtime reads (``tailguard_runtime.settings.RuntimeSettings.from_config``).
 
     Shape: ``{"name", "models": [{"role", "uri", "version", "sha256"?}], "batching": {camelCase},
-    "slo": {"windowSeconds"}, "drainGraceSeconds", "activeModel"}``. ``activeModel`` tells each
+    "slo": {"windowSeconds", "p99LatencyMs"}, "drainGraceSeconds", "activeModel"}``. ``activeModel`` tells each
     pod whether traffic is on its role; pods of the other role stop keeping connections alive.
     """
     models = []
@@ -147,7 +147,8 @@ def runtime_config(isvc: spec.InferenceService, active_role: str) -> dict[str, A
                      "maxWaitMs": _number(batching.max_wait_ms),
                      "maxQueueSize": batching.max_queue_size,
                      "timeoutMs": _number(batching.timeout_ms)},
-        "slo": {"windowSeconds": isvc.slo.window_seconds},
+        "slo": {"windowSeconds": isvc.slo.window_seconds,
+                "p99LatencyMs": isvc.slo.p99_latency_ms},
         "drainGraceSeconds": drain_grace_seconds(isvc),
         "activeModel": active_role,
     }

@@ -94,6 +94,7 @@ class InferenceService:
             models=(_model_settings(self.model, "primary"), _model_settings(self.fallback, "fallback")),
             batching=self.batching,
             stats_window_seconds=float(self.slo.window_seconds),
+            slo_p99_ms=float(self.slo.p99_latency_ms),
             control_routes=control_routes,
         )
 

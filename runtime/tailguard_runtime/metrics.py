@@ -15,6 +15,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_requests_total`` | counter | answered requests, by HTTP ``code`` |
 | ``tailguard_rejections_total`` | counter | refused or failed requests, by ``reason`` |
 | ``tailguard_active_model`` | gauge | 1 for the role that traffic goes to, else 0 |
+| ``tailguard_slo_p99_latency_seconds`` | gauge | the declared p99 SLO (when configured) |
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ REQUESTS = Counter("tailguard_requests", "Answered inference requests by HTTP st
 REJECTIONS = Counter("tailguard_rejections", "Refused or failed inference requests by reason.",
                      (*LABELS, "reason"))
 ACTIVE = Gauge("tailguard_active_model", "1 for the role that traffic goes to, else 0.", LABELS)
+SLO_P99 = Gauge("tailguard_slo_p99_latency_seconds",
+                "The declared p99 latency SLO (spec.slo.p99LatencyMs).", LABELS)
 
 REJECTION_REASONS = ("queue_full", "deadline", "too_large", "invalid_input", "draining",
                      "not_ready", "model_error", "internal")
@@ -87,13 +90,16 @@ class RoleMetrics:
         ACTIVE.labels(*self.labels).set_function(active)
 
 
-def bind(model: str, version: str, role: str) -> RoleMetrics:
-    """Bind the metric children for one served model.
+def bind(model: str, version: str, role: str, *, slo_p99_s: float | None = None) -> RoleMetrics:
+    """Bind the metric children for one served model; ``slo_p99_s`` (seconds), when given,
+    sets the SLO gauge.
 
     Counters for the usual codes and every reason are touched so they are exported as 0 before
     the first request.
     """
     labels = (model, version, role)
+    if slo_p99_s is not None:
+        SLO_P99.labels(*labels).set(slo_p99_s)
     for code in COMMON_CODES:
         REQUESTS.labels(*labels, code)
     for reason in REJECTION_REASONS:

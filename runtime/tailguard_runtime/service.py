@@ -56,7 +56,8 @@ class Runtime:
         self.models: dict[str, ServedModel] = {}
         for model in settings.models:
             predictor = predictors[model.role]
-            role_metrics = metrics.bind(settings.name, model.version, model.role)
+            slo_s = None if settings.slo_p99_ms is None else settings.slo_p99_ms / 1000.0
+            role_metrics = metrics.bind(settings.name, model.version, model.role, slo_p99_s=slo_s)
             batcher = Batcher(predictor.run, max_batch_size=batching.max_batch_size,
                               max_wait_ms=batching.max_wait_ms,
                               max_queue_size=batching.max_queue_size, name=model.role,

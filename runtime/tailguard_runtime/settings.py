@@ -62,6 +62,9 @@ class RuntimeSettings:
     batching: BatchingSettings = field(default_factory=BatchingSettings)
     stats_window_seconds: float = 10.0
     """Sliding window of the JSON stats endpoint, in seconds (``spec.slo.windowSeconds``)."""
+    slo_p99_ms: float | None = None
+    """The declared p99 SLO in ms (``spec.slo.p99LatencyMs``), exported as a gauge so
+    dashboards draw the real SLO line; ``None``: not exported."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body accepted, in bytes; a larger one gets 413 without being read."""
     drain_grace_seconds: float = 20.0
@@ -84,7 +87,8 @@ class RuntimeSettings:
         """Build from the runtime config JSON written by the operator.
 
         Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?, "version"?}],
-        "batching": {...}, "slo": {"windowSeconds": int}, "drainGraceSeconds"?: float,
+        "batching": {...}, "slo": {"windowSeconds", "p99LatencyMs"?},
+        "drainGraceSeconds"?: float,
         "activeModel"?: str}`` with the same camelCase keys as the CRD (``activeModel`` is read
         by the server's traffic follower, not here).
 
@@ -101,5 +105,10 @@ class RuntimeSettings:
             models=models,
             batching=BatchingSettings.from_spec(config.get("batching", {})),
             stats_window_seconds=float(config.get("slo", {}).get("windowSeconds", 10)),
+            slo_p99_ms=_optional_float(config.get("slo", {}).get("p99LatencyMs")),
             drain_grace_seconds=float(config.get("drainGraceSeconds", 20)),
         )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -89,8 +89,7 @@ def test_dashboard_queries_only_exported_series_and_labels() -> None:
     queries = list(dashboard_queries(dashboard))
     assert queries
     for expr in queries:
-        if expr != "vector($slo_ms / 1000)":  # the SLO line, from a dashboard variable
-            check_query(expr, series)
+        check_query(expr, series)
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
             metric, label = re.fullmatch(r"label_values\((\w+)(?:\{[^}]*\})?,\s*(\w+)\)",
@@ -103,7 +102,7 @@ def test_dashboard_shows_what_the_issue_asks_for() -> None:
     exprs = "\n".join(dashboard_queries(dashboard))
     for q in ("0.5", "0.95", "0.99"):
         assert f"histogram_quantile({q}, sum by (le) (rate(tailguard_request_duration_seconds_bucket" in exprs
-    assert "vector($slo_ms / 1000)" in exprs  # the SLO line
+    assert "tailguard_slo_p99_latency_seconds" in exprs  # the SLO line, from the runtime
     assert "tailguard_queue_depth" in exprs
     assert "tailguard_batch_size_rows" in exprs
     assert "sum by (code) (rate(tailguard_requests_total" in exprs
@@ -111,7 +110,7 @@ def test_dashboard_shows_what_the_issue_asks_for() -> None:
     assert 'code=~"5.."' in exprs
     assert "tailguard_active_model" in exprs
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert variables == {"datasource", "namespace", "service", "slo_ms"}
+    assert variables == {"datasource", "namespace", "service"}
 
 
 def test_dashboard_layout_is_well_formed() -> None:
