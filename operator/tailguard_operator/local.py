@@ -15,6 +15,7 @@ import time
 from typing import Any, TextIO
 
 from tailguard_runtime.errors import ModelLoadError
+from tailguard_runtime.models import Predictor
 from tailguard_runtime.server import DrainingServer, bind_socket, limit_threads, run, serve
 from tailguard_runtime.service import Runtime, load_runtime
 
@@ -122,17 +123,21 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
 
 def _load(isvc: InferenceService, out: TextIO) -> Runtime | None:
     settings = isvc.runtime_settings(control_routes=True)
-    started = time.perf_counter()
-    print(f"loading {isvc.name}: primary {isvc.model.uri}, fallback {isvc.fallback.uri} ...",
-          file=out, flush=True)
+
+    def loading(role: str, uri: str) -> None:
+        print(f"loading {role} {uri} ...", file=out, flush=True)
+
+    def loaded(role: str, predictor: Predictor, seconds: float) -> None:
+        print(f"  {role}: {predictor.estimator_type}, {predictor.n_features} features, "
+              f"ready in {seconds:.1f}s", file=out, flush=True)
+
     try:
-        runtime = load_runtime(settings)
+        runtime = load_runtime(settings, on_loading=loading, on_loaded=loaded)
     except ModelLoadError as exc:
         print(f"tailguard up: {exc}", file=sys.stderr)
         return None
     if isvc.traffic == "fallback":
         runtime.switch("fallback")
-    print(f"loaded in {time.perf_counter() - started:.1f}s", file=out, flush=True)
     return runtime
 
 

@@ -13,6 +13,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from functools import partial
+from time import perf_counter
+from typing import Callable
 
 from . import metrics
 from .batcher import Batcher
@@ -122,9 +124,14 @@ def _in_flight(batcher: Batcher) -> float:
     return float(len(batcher.in_flight))
 
 
-def load_runtime(settings: RuntimeSettings) -> Runtime:
+def load_runtime(settings: RuntimeSettings, *,
+                 on_loading: Callable[[str, str], None] | None = None,
+                 on_loaded: Callable[[str, Predictor, float], None] | None = None) -> Runtime:
     """Load every model the settings name (blocking: may train builtin models) and check that
     the fallback is a drop-in for the primary.
+
+    Progress hooks: ``on_loading(role, uri)`` before each model, ``on_loaded(role, predictor,
+    seconds)`` after it.
 
     Raises:
         ModelLoadError: a model could not be loaded, or the fallback does not match.
@@ -132,8 +139,13 @@ def load_runtime(settings: RuntimeSettings) -> Runtime:
     predictors: dict[str, Predictor] = {}
     for model in settings.models:
         logger.info("loading model service=%s role=%s uri=%s", settings.name, model.role, model.uri)
+        if on_loading is not None:
+            on_loading(model.role, model.uri)
+        started = perf_counter()
         predictors[model.role] = load_model(model.uri, model.sha256,
                                             fast_forests=settings.fast_forests)
+        if on_loaded is not None:
+            on_loaded(model.role, predictors[model.role], perf_counter() - started)
     if "primary" in predictors and "fallback" in predictors:
         check_drop_in(predictors["primary"], predictors["fallback"])
     return Runtime(settings, predictors)
