@@ -9,7 +9,6 @@ line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains and ex
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 import time
 from typing import Any, TextIO
@@ -19,9 +18,7 @@ from tailguard_runtime.models import Predictor
 from tailguard_runtime.server import DrainingServer, bind_socket, limit_threads, run, serve
 from tailguard_runtime.service import Runtime, load_runtime
 
-from .spec import InferenceService, SpecError, load_file
-
-logger = logging.getLogger(__name__)
+from .spec import InferenceService, SpecError, find_object, parse
 
 CLUSTER_ONLY = {
     "scaling": "autoscaling needs a cluster; tailguard up runs one process",
@@ -83,17 +80,14 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
         print(f"tailguard up: cannot read {path}: {exc.strerror}", file=sys.stderr)
         return 2
     try:
-        isvc = load_file(text, path)
+        written = find_object(text, path)
+        isvc = parse(written)
     except SpecError as exc:
         print(f"tailguard up: {path} is not a valid InferenceService:", file=sys.stderr)
         for line in exc.errors:
             print(f"  {line}", file=sys.stderr)
         return 2
-    import yaml
-
-    raw_spec = next(d for d in yaml.safe_load_all(text) if isinstance(d, dict)
-                    and d.get("kind") == "InferenceService").get("spec", {})
-    for line in not_applicable(raw_spec):
+    for line in not_applicable(written.get("spec") or {}):
         print(f"note: {line}", file=out)
     try:  # before the (possibly slow) model load, so a busy port fails at once
         sock = bind_socket(host, port)

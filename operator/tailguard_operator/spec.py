@@ -185,6 +185,15 @@ def load_file(text: str, source: str = "<input>") -> InferenceService:
     Raises:
         SpecError: invalid YAML, no InferenceService, several of them, or an invalid one.
     """
+    return parse(find_object(text, source))
+
+
+def find_object(text: str, source: str = "<input>") -> dict[str, Any]:
+    """The one InferenceService object in a YAML text, as written (nothing defaulted).
+
+    Raises:
+        SpecError: invalid YAML, no InferenceService, or several of them.
+    """
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
@@ -192,7 +201,7 @@ def load_file(text: str, source: str = "<input>") -> InferenceService:
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(found) != 1:
         raise SpecError([f"{source}: expected exactly one {KIND}, found {len(found)}"])
-    return parse(found[0])
+    return found[0]
 
 
 def _model_ref(raw: Mapping[str, Any]) -> ModelRef:
