@@ -9,6 +9,7 @@ app. Every error body is the protocol's ``{"error": "..."}``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from time import perf_counter
 from typing import Any, Awaitable, Callable, MutableMapping
@@ -21,8 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
-from .errors import (Draining, InvalidInput, ModelFailed, ModelNotFound, NotReady,
-                     PayloadTooLarge, TailguardError)
+from .errors import (BodyTimeout, Draining, InvalidInput, ModelFailed, ModelNotFound,
+                     NotReady, PayloadTooLarge, TailguardError)
 from .protocol import (decode_v1, decode_v2, decompress, encode_error, encode_v1, encode_v2,
                        parse_timeout_header)
 from .service import Runtime, ServedModel
@@ -57,8 +58,9 @@ class InferenceApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]
             if path.startswith("/v2/models/") and path.endswith("/infer"):
-                name, _, version = path[11:-6].partition("/versions/")
-                await self._infer(scope, receive, send, name, version or None, v2=True)
+                name, versioned, version = path[11:-6].partition("/versions/")
+                await self._infer(scope, receive, send, name, version if versioned else None,
+                                  v2=True)
                 return
             if path.startswith("/v1/models/") and path.endswith(":predict"):
                 await self._infer(scope, receive, send, path[11:-8], None, v2=False)
@@ -69,7 +71,7 @@ class InferenceApp:
                      version: str | None, v2: bool) -> None:
         runtime = self.runtime
         served: ServedModel | None = None
-        arrival = perf_counter()
+        arrival = perf_counter()  # reset once the body is in: latency is the server's own
         admitted = False
         try:
             if name != runtime.name:
@@ -95,7 +97,8 @@ class InferenceApp:
                                        "(tritonclient: binary_data=False)", 400)
                 if key == b"content-encoding":
                     encoding = value
-            body = await self._read_body(receive)
+            body = await self._read_body(receive, arrival + timeout_s)
+            arrival = perf_counter()
             if encoding is not None:
                 body = decompress(body, encoding, self.max_body)
             predictor = served.predictor
@@ -132,7 +135,15 @@ class InferenceApp:
         metrics.count_ok()
         served.stats.admitted(now, now - arrival, True)
 
-    async def _read_body(self, receive: Receive) -> bytes:
+    async def _read_body(self, receive: Receive, deadline: float) -> bytes:
+        """The whole request body; a body in several parts must be complete by ``deadline``
+        (``perf_counter`` seconds), so a client dribbling its upload cannot hold a connection
+        and a handler for ever.
+
+        Raises:
+            PayloadTooLarge: the body grows past the limit.
+            BodyTimeout: the body is still incomplete at ``deadline``.
+        """
         message = await receive()
         body: bytes = message.get("body", b"")
         if not message.get("more_body", False):
@@ -140,7 +151,11 @@ class InferenceApp:
         chunks = [body]
         size = len(body)
         while message.get("more_body", False):
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - perf_counter(), 0))
+            except TimeoutError:
+                raise BodyTimeout("the request body did not arrive within the request's "
+                                  "deadline") from None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
@@ -191,11 +206,11 @@ def build_app(runtime: Runtime) -> InferenceApp:
                                 f"version {served.version!r}")
         return served
 
-    @api.get("/v2/health/live")
+    @api.api_route("/v2/health/live", methods=["GET", "HEAD"])
     async def live() -> dict[str, bool]:
         return {"live": True}
 
-    @api.get("/v2/health/ready")
+    @api.api_route("/v2/health/ready", methods=["GET", "HEAD"])
     async def ready() -> dict[str, bool]:
         if runtime.draining:
             raise Draining("runtime is draining")

@@ -57,6 +57,9 @@ class Request:
         self.timer: asyncio.TimerHandle | None = None
 
 
+WINDOW_SLACK_S = 0.002
+"""Seconds a forming batch keeps in hand before the earliest deadline (event-loop latency)."""
+
 Segment = tuple[Request, int, int]
 """Rows ``[start, stop)`` of one request that go into a batch (see :mod:`.rows`)."""
 
@@ -89,19 +92,23 @@ class BatchQueue:
         self.queued_rows -= request.n_rows - request.taken
         request.taken = request.n_rows
 
-    def dispatch_at(self) -> float | None:
+    def dispatch_at(self, batch_s: float = 0.0) -> float | None:
         """When the next batch should go if the model is free (monotonic seconds).
 
         ``None`` when nothing is queued; ``-inf`` (at once) when the batch is already full, when
         ``max_wait_s`` is 0, or when flushing; otherwise the first queued request's arrival plus
-        ``max_wait_s``.
+        ``max_wait_s``, but no later than the earliest queued deadline minus twice ``batch_s``
+        (the expected model time, in seconds) and 2 ms of slack: waiting for batch-mates never
+        costs a request its deadline, even when the model call runs slower than usual.
         """
         self._drop_dead_head()
         if not self._items:
             return None
         if self.flush or self.max_wait_s <= 0 or self.queued_rows >= self.max_batch_size:
             return float("-inf")
-        return self._items[0].arrival + self.max_wait_s
+        earliest = min(r.deadline for r in self._items if not r.future.done())
+        return min(self._items[0].arrival + self.max_wait_s,
+                   earliest - 2 * batch_s - WINDOW_SLACK_S)
 
     def take(self, now: float) -> tuple[list[Segment], list[Request]]:
         """Form the next batch of at most ``max_batch_size`` rows.
@@ -270,7 +277,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         queue = self.queue
         while True:
-            at = queue.dispatch_at()
+            at = queue.dispatch_at(self.estimate.batch_seconds or 0.0)
             now = perf_counter()
             if at is None or at > now:
                 self._wakeup = loop.create_future()

@@ -75,7 +75,14 @@ class DeadlineExceeded(TailguardError):
     """The request's own deadline passed before its answer was ready (504)."""
 
     status_code = 504
-    reason = "deadline"
+    reason = "deadline_exceeded"
+
+
+class BodyTimeout(TailguardError):
+    """The client did not finish sending its body within the request's deadline (408)."""
+
+    status_code = 408
+    reason = "slow_body"
 
 
 class NotReady(TailguardError):

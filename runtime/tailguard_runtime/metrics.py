@@ -54,9 +54,10 @@ ACTIVE = Gauge("tailguard_active_model", "1 for the role that traffic goes to, e
 SLO_P99 = Gauge("tailguard_slo_p99_latency_seconds",
                 "The declared p99 latency SLO (spec.slo.p99LatencyMs).", LABELS)
 
-REJECTION_REASONS = ("queue_full", "deadline", "too_large", "invalid_input", "draining",
+REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body", "too_large",
+                     "invalid_input", "draining",
                      "not_ready", "model_error", "internal")
-COMMON_CODES = ("200", "400", "413", "422", "429", "500", "503", "504")
+COMMON_CODES = ("200", "400", "408", "413", "422", "429", "500", "503", "504")
 
 
 @dataclass(frozen=True)

@@ -78,11 +78,19 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     _check_rows(shape[0], max_rows)
     data = tensor.get("data")
     if not isinstance(data, list):
-        if tensor.get("parameters", {}).get("binary_data_size") is not None:
+        parameters = tensor.get("parameters")
+        if isinstance(parameters, dict) and parameters.get("binary_data_size") is not None:
             raise InvalidInput(f"inputs[0] ({name}): binary tensor data is not supported; send "
                                "JSON data (tritonclient: set_data_from_numpy(x, binary_data=False))")
         raise InvalidInput(f"inputs[0] ({name}): 'data' must be a list of numbers")
-    x = _to_matrix(data, f"inputs[0] ({name}).data", datatype == "INT64")
+    nested = bool(data) and type(data[0]) is list
+    if len(data) != (shape[0] if nested else shape[0] * shape[1]):  # before any conversion
+        count = "rows" if nested else "values"
+        raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs "
+                           f"{shape[0] if nested else shape[0] * shape[1]} {count}, data has "
+                           f"{len(data)}")
+    x = _to_matrix(data, f"inputs[0] ({name}).data", datatype == "INT64",
+                   f"flat values or rows of {n_features}")
     if x.size != shape[0] * shape[1]:
         raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs {shape[0] * shape[1]} "
                            f"values, data has {x.size}")
@@ -107,7 +115,7 @@ def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> np.n
         raise InvalidInput(f"body must be {{\"instances\": [[{n_features} numbers], ...]}} "
                            "with at least one row")
     _check_rows(len(instances), max_rows)
-    x = _to_matrix(instances, "instances", False)
+    x = _to_matrix(instances, "instances", False, f"rows of {n_features} numbers")
     if x.ndim != 2 or x.shape[1] != n_features:
         raise InvalidInput(f"instances: each row must have {n_features} numbers; got an array of "
                            f"shape {list(x.shape)}")
@@ -193,8 +201,8 @@ def _loads(body: bytes) -> Any:
                            "numbers)", 400) from None
 
 
-def _to_matrix(data: list[Any], field: str, integers: bool) -> np.ndarray:
-    _check_numbers(data, field, integers)
+def _to_matrix(data: list[Any], field: str, integers: bool, expected: str) -> np.ndarray:
+    _check_numbers(data, field, integers, expected)
     try:
         x = np.array(data, dtype=np.float64)
     except ValueError:
@@ -204,18 +212,22 @@ def _to_matrix(data: list[Any], field: str, integers: bool) -> np.ndarray:
     return x
 
 
-def _check_numbers(values: list[Any], field: str, integers: bool) -> None:
-    """Reject anything but finite numbers (bools, strings and nulls included), nested or flat."""
+def _check_numbers(values: list[Any], field: str, integers: bool, expected: str,
+                   depth: int = 1) -> None:
+    """Reject anything but finite numbers (bools, strings and nulls included), flat or as rows
+    (at most two levels: a matrix)."""
     kinds = set(map(type, values))
     if kinds <= _NUMBER_TYPES:
         if integers and float in kinds:
             raise InvalidInput(f"{field}: INT64 tensor holds non-integer values")
         return
     if list in kinds:
+        if depth >= 2:
+            raise InvalidInput(f"{field}: nested deeper than rows of numbers; expected {expected}")
         for row in values:
             if type(row) is not list:
                 raise InvalidInput(f"{field}: mixes nested lists with {type(row).__name__} values")
-            _check_numbers(row, field, integers)
+            _check_numbers(row, field, integers, expected, depth + 1)
         return
     bad = next(v for v in values if type(v) not in _NUMBER_TYPES)
     raise InvalidInput(f"{field}: values must be numbers, got {orjson.dumps(bad).decode()[:40]}")

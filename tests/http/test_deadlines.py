@@ -85,7 +85,7 @@ def test_queued_requests_past_their_header_deadline_get_504(
         np.testing.assert_array_equal(v2_outputs(r.json())["predict"], model.predict(x))
         metrics = scrape(client)
     assert metrics[("tailguard_requests_total", labels("probe", code="504"))] == 3
-    assert metrics[("tailguard_rejections_total", labels("probe", reason="deadline"))] == 3
+    assert metrics[("tailguard_rejections_total", labels("probe", reason="deadline_exceeded"))] == 3
     assert metrics[("tailguard_queue_depth", labels("probe"))] == 0
     assert metrics[("tailguard_in_flight_requests", labels("probe"))] == 0
 

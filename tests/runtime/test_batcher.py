@@ -51,6 +51,14 @@ def test_zero_wait_dispatches_at_once_and_full_batch_closes_the_window_early() -
     assert waiting.dispatch_at() == float("-inf")
 
 
+def test_the_window_closes_in_time_for_the_earliest_deadline() -> None:
+    queue = BatchQueue(max_batch_size=8, max_wait_s=0.300)
+    queue.push(_req(1, arrival=10.0, deadline=12.0))
+    queue.push(_req(1, arrival=10.1, deadline=10.2))
+    assert queue.dispatch_at(batch_s=0.05) == pytest.approx(10.2 - 0.1 - 0.002)
+    assert queue.dispatch_at() == pytest.approx(10.2 - 0.002)
+
+
 def test_empty_queue_has_nothing_to_dispatch() -> None:
     assert BatchQueue(4, 0.0).dispatch_at() is None
 

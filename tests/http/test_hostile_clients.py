@@ -1,0 +1,129 @@
+"""Clients that wait, dribble, probe or nest: found by trying to break a running server.
+
+Each test tells the bug it pins down; the server is a real process over real HTTP.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from http_harness import RuntimeServer, batching, error_of, running_runtime
+
+V1 = "/v1/models/iris:predict"
+ROW = [5.1, 3.5, 1.4, 0.2]
+
+
+@pytest.fixture(scope="module")
+def waiting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
+    """A forming batch may wait 300 ms for batch-mates; requests allow 2 s by default."""
+    config = {"name": "iris", "models": [{"role": "primary", "uri": "builtin://iris/random-forest"}],
+              "batching": batching(max_batch_size=8, max_wait_ms=300, timeout_ms=2000)}
+    with running_runtime(config, tmp_path_factory.mktemp("hostile")) as server:
+        yield server
+
+
+def test_waiting_for_batch_mates_never_costs_a_request_its_deadline(
+        waiting_server: RuntimeServer) -> None:
+    """The window once ignored deadlines: on an idle server with maxWaitMs 300, a request that
+    allowed 100 ms waited the whole window and got 504. The batch must close in time."""
+    with waiting_server.client() as client:
+        client.post(V1, json={"instances": [ROW]})  # a batch duration to plan with
+        reply = client.post(V1, json={"instances": [ROW]}, headers={"X-Request-Timeout-Ms": "100"})
+        assert reply.status_code == 200, reply.text
+        started = time.monotonic()
+        plain = client.post(V1, json={"instances": [ROW]})
+        assert plain.status_code == 200
+        assert time.monotonic() - started >= 0.25  # without a tight deadline, the window holds
+
+
+def test_a_dribbled_body_is_cut_off_at_the_deadline_and_not_counted_as_latency(
+        waiting_server: RuntimeServer) -> None:
+    """A client that uploads its body slowly once held its handler for as long as it liked,
+    and its upload time was recorded as the server's latency (a 10 s p99 from one client)."""
+    with socket.create_connection(("127.0.0.1", waiting_server.port), timeout=10) as sock:
+        sock.sendall(b"POST " + V1.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"X-Request-Timeout-Ms: 300\r\nTransfer-Encoding: chunked\r\n\r\n")
+        started = time.monotonic()
+        answer = b""
+        for _ in range(40):  # one byte every 50 ms, for at most 2 s
+            try:
+                sock.sendall(b"1\r\n \r\n")
+            except OSError:
+                break
+            sock.settimeout(0.05)
+            try:
+                answer += sock.recv(4096)
+            except TimeoutError:
+                continue
+            if answer:
+                break
+        sock.settimeout(5)
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"did not arrive within" in answer
+    assert time.monotonic() - started < 2.0
+    with waiting_server.client() as client:
+        stats = client.get("/tailguard/stats").json()["models"]["primary"]
+    assert stats["rejected"].get("slow_body") == 1
+    assert stats["p99Ms"] is None or stats["p99Ms"] < 1000
+
+
+@pytest.mark.parametrize("depth", [3, 800, 1000])
+def test_deeply_nested_data_is_a_422_not_a_crash(waiting_server: RuntimeServer,
+                                                 depth: int) -> None:
+    """Nesting near Python's recursion limit once raised RecursionError inside validation: 500
+    and a traceback per request."""
+    body = '{"instances":' + "[" * depth + "0" + "]" * depth + "}"
+    with waiting_server.client() as client:
+        reply = client.post(V1, content=body)
+    assert reply.status_code == 422, reply.text
+    assert "nested deeper than rows of numbers" in error_of(reply)
+
+
+@pytest.mark.parametrize("parameters", [None, "x", 3])
+def test_tensor_parameters_that_are_not_an_object_are_a_422(waiting_server: RuntimeServer,
+                                                             parameters: object) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": "abc",
+                        "parameters": parameters}]}
+    with waiting_server.client() as client:
+        reply = client.post("/v2/models/iris/infer", json=body)
+    assert reply.status_code == 422 and "'data' must be a list" in error_of(reply)
+
+
+def test_an_empty_version_is_not_the_model(waiting_server: RuntimeServer) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": ROW}]}
+    with waiting_server.client() as client:
+        assert client.post("/v2/models/iris/versions//infer", json=body).status_code == 404
+        assert client.post("/v2/models/iris/versions/1/infer", json=body).status_code == 200
+
+
+def test_health_answers_head_probes(waiting_server: RuntimeServer) -> None:
+    with waiting_server.client() as client:
+        assert client.head("/v2/health/live").status_code == 200
+        assert client.head("/v2/health/ready").status_code == 200
+
+
+def test_a_huge_body_with_the_wrong_count_is_refused_before_conversion(
+        waiting_server: RuntimeServer) -> None:
+    """Bodies whose data cannot match their shape were converted in full first, stalling every
+    other request for hundreds of ms; the count is now checked before any conversion."""
+    data = np.zeros(400_000).tolist()
+    body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": data}]}
+    with waiting_server.client() as client:
+        reply = client.post("/v2/models/iris/infer", json=body)
+    assert reply.status_code == 422
+    assert "needs 4 values, data has 400000" in error_of(reply)
+
+
+def test_the_server_is_healthy_after_all_that(waiting_server: RuntimeServer,
+                                              tmp_path: Path) -> None:
+    with waiting_server.client() as client:
+        assert client.get("/v2/health/ready").status_code == 200
+        assert client.post(V1, json={"instances": [ROW]}).json() == {"predictions": [0]}
