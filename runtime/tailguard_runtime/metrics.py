@@ -6,7 +6,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 
 | metric | type | meaning |
 |---|---|---|
-| ``tailguard_request_duration_seconds`` | histogram | admitted request, arrival to answer |
+| ``tailguard_request_duration_seconds`` | histogram | admitted request, body received to answer |
 | ``tailguard_queue_wait_seconds`` | histogram | arrival until its first rows reach the model |
 | ``tailguard_batch_size_rows`` | histogram | rows per model call |
 | ``tailguard_batch_duration_seconds`` | histogram | one model call |
@@ -34,7 +34,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024)
 LABELS = ("model", "version", "role")
 
 REQUEST_DURATION = Histogram("tailguard_request_duration_seconds",
-                             "Admitted requests, from arrival to answer.", LABELS,
+                             "Admitted requests, from the body received to the answer.", LABELS,
                              buckets=LATENCY_BUCKETS_S)
 QUEUE_WAIT = Histogram("tailguard_queue_wait_seconds",
                        "Time from arrival until a request's first rows reach the model.", LABELS,
