@@ -190,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as exc:
         print(f"tailguard-runtime: {exc}", file=sys.stderr)
         return 2
-    sock = bind_socket(args.host, args.port)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"tailguard-runtime: cannot listen on {args.host}:{args.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 2
     logger.info("serving service=%s on http://%s:%d", settings.name, args.host, sock.getsockname()[1])
     if args.role:
         async def follow(_: DrainingServer) -> None:
