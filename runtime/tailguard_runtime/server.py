@@ -86,9 +86,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock
 
@@ -179,12 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     limit_threads()
-    with open(args.config, encoding="utf-8") as fh:
-        config = json.load(fh)
-    if args.role:
-        config = {**config, "models": [m for m in config["models"] if m.get("role") == args.role]}
-    settings = dataclasses.replace(RuntimeSettings.from_config(config),
-                                   fast_forests=args.fast_forests)
+    try:
+        with open(args.config, encoding="utf-8") as fh:
+            config = json.load(fh)
+        if args.role:
+            config = {**config,
+                      "models": [m for m in config["models"] if m.get("role") == args.role]}
+        settings = dataclasses.replace(RuntimeSettings.from_config(config),
+                                       fast_forests=args.fast_forests)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"tailguard-runtime: bad config {args.config}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 2
     try:
         runtime = load_runtime(settings)
     except ModelLoadError as exc:

@@ -1,0 +1,43 @@
+"""`tailguard-runtime` refuses bad configs and busy ports with one clear line."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tailguard_runtime import server
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "FileNotFoundError"),
+    ("{not json", "JSONDecodeError"),
+    (json.dumps({"models": []}), "KeyError: 'name'"),
+    (json.dumps({"name": "x", "models": [{"role": "canary", "uri": "builtin://iris/random-forest"}]}),
+     "distinct roles among primary/fallback"),
+])
+def test_bad_configs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  content: str | None, needle: str) -> None:
+    path = tmp_path / "runtime.json"
+    if content is not None:
+        path.write_text(content)
+    assert server.main(["--config", str(path), "--log-level", "ERROR"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tailguard-runtime: bad config {path}") and needle in err
+    assert "Traceback" not in err
+
+
+def test_a_busy_port_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runtime.json"
+    path.write_text(json.dumps({"name": "iris", "models": [
+        {"role": "primary", "uri": "builtin://iris/logistic-regression"}]}))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code = server.main(["--config", str(path), "--host", "127.0.0.1", "--port", str(port),
+                            "--log-level", "ERROR"])
+    assert code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
