@@ -46,6 +46,17 @@ class DrainEstimate:
         return batches * self.batch_seconds
 
 
+def check_fits(n_rows: int, max_queue_size: int) -> None:
+    """Refuse a request that could never be queued, whatever the load.
+
+    Raises:
+        PayloadTooLarge: ``n_rows`` exceeds ``max_queue_size``.
+    """
+    if n_rows > max_queue_size:
+        raise PayloadTooLarge(f"request has {n_rows} rows but the queue holds at most "
+                              f"{max_queue_size} rows (maxQueueSize); split it into smaller requests")
+
+
 def admit(*, n_rows: int, queued_rows: int, max_queue_size: int, max_batch_size: int,
           time_left_s: float, estimate: DrainEstimate, busy: bool) -> None:
     """Decide whether a request of ``n_rows`` rows may join the queue.
@@ -61,9 +72,7 @@ def admit(*, n_rows: int, queued_rows: int, max_queue_size: int, max_batch_size:
             batch cannot lock the server out: the next batch refreshes it. ``retry_after_s`` is the estimated time for the
             current queue to drain, rounded up to whole seconds (at least 1).
     """
-    if n_rows > max_queue_size:
-        raise PayloadTooLarge(f"request has {n_rows} rows but the queue holds at most "
-                              f"{max_queue_size} rows (maxQueueSize); split it into smaller requests")
+    check_fits(n_rows, max_queue_size)
     drain_s = estimate.wait_seconds(queued_rows, max_batch_size, busy)
     if queued_rows + n_rows > max_queue_size:
         raise Overloaded(f"queue full: {queued_rows} of {max_queue_size} rows waiting, request "

@@ -74,16 +74,12 @@ class InferenceApp:
         arrival = perf_counter()  # reset once the body is in: latency is the server's own
         admitted = False
         try:
-            if name != runtime.name:
-                raise ModelNotFound(f"model {name!r} not found; this runtime serves {runtime.name!r}")
+            resolved = runtime.resolve(name, version)
             if runtime.draining:
                 raise Draining("runtime is draining: not accepting new requests")
             if not runtime.ready:
                 raise NotReady(f"model {name!r} is not ready yet")
-            served = runtime.active
-            if version is not None and version != served.version:
-                raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
-                                    f"version {served.version!r}")
+            served = resolved
             timeout_s = self.default_timeout_s
             encoding = None
             for key, value in scope["headers"]:
@@ -103,8 +99,8 @@ class InferenceApp:
                 body = decompress(body, encoding, self.max_body)
             predictor = served.predictor
             if v2:
-                request = decode_v2(body, predictor.n_features,
-                                    [o.name for o in predictor.outputs], self.max_rows)
+                request = decode_v2(body, predictor.n_features, predictor.output_names,
+                                    self.max_rows)
                 x = request.x
                 if request.timeout_us is not None:
                     timeout_s = min(timeout_s, request.timeout_us / 1e6)
@@ -197,15 +193,6 @@ def build_app(runtime: Runtime) -> InferenceApp:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         return JSONResponse({"error": str(exc.errors())}, 422)
 
-    def served_or_404(name: str, version: str | None) -> ServedModel:
-        if name != runtime.name:
-            raise ModelNotFound(f"model {name!r} not found; this runtime serves {runtime.name!r}")
-        served = runtime.active
-        if version is not None and version != served.version:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
-                                f"version {served.version!r}")
-        return served
-
     @api.api_route("/v2/health/live", methods=["GET", "HEAD"])
     async def live() -> dict[str, bool]:
         return {"live": True}
@@ -225,7 +212,7 @@ def build_app(runtime: Runtime) -> InferenceApp:
     @api.get("/v2/models/{name}")
     @api.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
-        served = served_or_404(name, version)
+        served = runtime.resolve(name, version)
         p = served.predictor
         return {
             "name": runtime.name, "versions": [served.version], "platform": "scikit-learn",
@@ -238,7 +225,7 @@ def build_app(runtime: Runtime) -> InferenceApp:
     @api.get("/v2/models/{name}/ready")
     @api.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
-        served_or_404(name, version)
+        runtime.resolve(name, version)
         if runtime.draining or not runtime.ready:
             raise NotReady(f"model {name!r} is not ready")
         return {"name": runtime.name, "ready": True}

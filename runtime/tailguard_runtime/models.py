@@ -17,6 +17,7 @@ URI. Models run with ``n_jobs=1``; BLAS/OpenMP threads are limited by the server
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -64,6 +65,11 @@ class Predictor:
     """The classifier's ``classes_``; ``None`` for a regressor."""
     estimator_type: str
     """The estimator's class name, for metadata and log lines."""
+
+    @functools.cached_property
+    def output_names(self) -> tuple[str, ...]:
+        """The names of ``outputs``, in order (computed once: the request path reads it)."""
+        return tuple(o.name for o in self.outputs)
 
 
 def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True) -> Predictor:

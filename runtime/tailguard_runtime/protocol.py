@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
+from .admission import check_fits
 from .errors import InvalidInput, PayloadTooLarge
 from .models import OutputSpec
 
@@ -188,9 +189,8 @@ def parse_timeout_header(value: bytes) -> float:
 
 
 def _check_rows(n_rows: int, max_rows: int | None) -> None:
-    if max_rows is not None and n_rows > max_rows:
-        raise PayloadTooLarge(f"request has {n_rows} rows but the queue holds at most "
-                              f"{max_rows} rows (maxQueueSize); split it into smaller requests")
+    if max_rows is not None:
+        check_fits(n_rows, max_rows)
 
 
 def _loads(body: bytes) -> Any:

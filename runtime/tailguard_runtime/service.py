@@ -18,6 +18,7 @@ from typing import Callable
 
 from . import metrics
 from .batcher import Batcher
+from .errors import ModelNotFound
 from .models import Predictor, check_drop_in, load_model
 from .settings import RuntimeSettings
 from .stats import WindowStats
@@ -80,6 +81,20 @@ class Runtime:
         """The model that new requests go to."""
         return self.models[self.active_role]
 
+    def resolve(self, name: str, version: str | None = None) -> ServedModel:
+        """The model that ``/v2/models/{name}[/versions/{version}]`` reaches: the active one.
+
+        Raises:
+            ModelNotFound: another name, or a version the active model does not have.
+        """
+        if name != self.name:
+            raise ModelNotFound(f"model {name!r} not found; this runtime serves {self.name!r}")
+        served = self.active
+        if version is not None and version != served.version:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
+                                f"version {served.version!r}")
+        return served
+
     def switch(self, role: str) -> bool:
         """Send new requests to ``role``; requests already admitted finish where they are.
 
@@ -117,7 +132,7 @@ class Runtime:
 
 
 def _queue_depth(batcher: Batcher) -> float:
-    return float(batcher.queue.queued_rows)
+    return float(batcher.queue_depth)
 
 
 def _in_flight(batcher: Batcher) -> float:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from typing import AsyncIterator, Callable
 
 import numpy as np
 import pytest
@@ -141,6 +143,18 @@ class GatedModel:
         return (x.sum(axis=1), x * 2)
 
 
+@contextlib.asynccontextmanager
+async def started(run: Callable[[np.ndarray], tuple[np.ndarray, ...]],
+                  **limits: float) -> AsyncIterator[Batcher]:
+    """A running batcher over ``run``; stopped (thread included) even when the test fails."""
+    batcher = Batcher(run, **limits)  # type: ignore[arg-type]
+    batcher.start()
+    try:
+        yield batcher
+    finally:
+        await batcher.close()
+
+
 async def _wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
@@ -164,145 +178,129 @@ def _rows(n: int, start: float) -> np.ndarray:
 
 async def test_results_match_each_requests_own_rows_with_chunking() -> None:
     model = GatedModel()
-    batcher = Batcher(model, max_batch_size=4, max_wait_ms=0, max_queue_size=64)
-    batcher.start()
-    blocker = await _busy(model, batcher)
-    inputs = [_rows(n, 100 * i) for i, n in enumerate((1, 3, 9, 2))]
-    tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in inputs]
-    await _wait_for(lambda: batcher.queue_depth == 15)
-    model.gate.set()
-    results = await asyncio.gather(*tasks)
-    await blocker
-    for x, (sums, doubled) in zip(inputs, results):
-        np.testing.assert_array_equal(sums, x.sum(axis=1))
-        np.testing.assert_array_equal(doubled, x * 2)
-    assert max(len(b) for b in model.batches) == 4
-    assert batcher.queue_depth == 0 and not batcher.in_flight
-    await batcher.close()
+    async with started(model, max_batch_size=4, max_wait_ms=0, max_queue_size=64) as batcher:
+        blocker = await _busy(model, batcher)
+        inputs = [_rows(n, 100 * i) for i, n in enumerate((1, 3, 9, 2))]
+        tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in inputs]
+        await _wait_for(lambda: batcher.queue_depth == 15)
+        model.gate.set()
+        results = await asyncio.gather(*tasks)
+        await blocker
+        for x, (sums, doubled) in zip(inputs, results):
+            np.testing.assert_array_equal(sums, x.sum(axis=1))
+            np.testing.assert_array_equal(doubled, x * 2)
+        assert max(len(b) for b in model.batches) == 4
+        assert batcher.queue_depth == 0 and not batcher.in_flight
 
 
 async def test_queue_capacity_is_exact_under_a_burst() -> None:
     """While one batch computes, exactly maxQueueSize rows are admitted; the rest get 429 at
     once, with an integer Retry-After of at least one second."""
     model = GatedModel()
-    batcher = Batcher(model, max_batch_size=1, max_wait_ms=0, max_queue_size=4)
-    batcher.start()
-    await batcher.submit(np.zeros((1, 2)), 30.0)  # one finished batch gives a drain estimate
-    blocker = await _busy(model, batcher)
-    tasks = [asyncio.create_task(batcher.submit(_rows(1, i), 30.0)) for i in range(10)]
-    await asyncio.sleep(0.05)
-    refused = [t for t in tasks if t.done()]
-    assert len(refused) == 6
-    for task in refused:
-        exc = task.exception()
-        assert isinstance(exc, Overloaded) and exc.status_code == 429
-        assert exc.reason == "queue_full" and exc.retry_after_s >= 1
-    assert batcher.queue_depth == 4
-    model.gate.set()
-    admitted = [t for t in tasks if t not in refused]
-    for task in admitted:
-        (sums, _) = await task
-        assert sums.shape == (1,)
-    await blocker
-    await batcher.close()
+    async with started(model, max_batch_size=1, max_wait_ms=0, max_queue_size=4) as batcher:
+        await batcher.submit(np.zeros((1, 2)), 30.0)  # one finished batch gives a drain estimate
+        blocker = await _busy(model, batcher)
+        tasks = [asyncio.create_task(batcher.submit(_rows(1, i), 30.0)) for i in range(10)]
+        await asyncio.sleep(0.05)
+        refused = [t for t in tasks if t.done()]
+        assert len(refused) == 6
+        for task in refused:
+            exc = task.exception()
+            assert isinstance(exc, Overloaded) and exc.status_code == 429
+            assert exc.reason == "queue_full" and exc.retry_after_s >= 1
+        assert batcher.queue_depth == 4
+        model.gate.set()
+        admitted = [t for t in tasks if t not in refused]
+        for task in admitted:
+            (sums, _) = await task
+            assert sums.shape == (1,)
+        await blocker
 
 
 async def test_request_larger_than_the_queue_is_413() -> None:
-    batcher = Batcher(GatedModel(), max_batch_size=2, max_wait_ms=0, max_queue_size=4)
-    batcher.start()
-    with pytest.raises(PayloadTooLarge):
-        await batcher.submit(_rows(5, 0), 30.0)
-    await batcher.close()
+    async with started(GatedModel(), max_batch_size=2, max_wait_ms=0, max_queue_size=4) as batcher:
+        with pytest.raises(PayloadTooLarge):
+            await batcher.submit(_rows(5, 0), 30.0)
 
 
 async def test_deadline_passing_in_the_queue_gives_504_and_the_rows_never_reach_the_model() -> None:
     model = GatedModel()
-    batcher = Batcher(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64)
-    batcher.start()
-    blocker = await _busy(model, batcher)
-    marker = np.full((1, 2), 7777.0)
-    with pytest.raises(DeadlineExceeded) as info:
-        await batcher.submit(marker, 0.05)
-    assert info.value.status_code == 504
-    assert batcher.queue_depth == 0
-    model.gate.set()
-    await blocker
-    await batcher.submit(np.ones((1, 2)), 30.0)  # the loop goes on
-    assert not any((b == 7777.0).any() for b in model.batches)
-    await batcher.close()
+    async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
+        blocker = await _busy(model, batcher)
+        marker = np.full((1, 2), 7777.0)
+        with pytest.raises(DeadlineExceeded) as info:
+            await batcher.submit(marker, 0.05)
+        assert info.value.status_code == 504
+        assert batcher.queue_depth == 0
+        model.gate.set()
+        await blocker
+        await batcher.submit(np.ones((1, 2)), 30.0)  # the loop goes on
+        assert not any((b == 7777.0).any() for b in model.batches)
 
 
 async def test_a_failing_row_fails_only_its_own_request() -> None:
     model = GatedModel()
-    batcher = Batcher(model, max_batch_size=16, max_wait_ms=0, max_queue_size=64)
-    batcher.start()
-    blocker = await _busy(model, batcher)
-    good = [_rows(2, 10 * i) for i in range(5)]
-    poisoned = np.array([[-1.0, 0.0]])
-    tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in good[:3]]
-    bad_task = asyncio.create_task(batcher.submit(poisoned, 30.0))
-    tasks += [asyncio.create_task(batcher.submit(x, 30.0)) for x in good[3:]]
-    await _wait_for(lambda: batcher.queue_depth == 11)
-    model.gate.set()
-    await blocker
-    for x, task in zip(good, tasks):
-        sums, _ = await task
-        np.testing.assert_array_equal(sums, x.sum(axis=1))
-    with pytest.raises(ModelFailed) as info:
-        await bad_task
-    assert info.value.status_code == 422 and "negative first feature" in info.value.message
-    await batcher.close()
+    async with started(model, max_batch_size=16, max_wait_ms=0, max_queue_size=64) as batcher:
+        blocker = await _busy(model, batcher)
+        good = [_rows(2, 10 * i) for i in range(5)]
+        poisoned = np.array([[-1.0, 0.0]])
+        tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in good[:3]]
+        bad_task = asyncio.create_task(batcher.submit(poisoned, 30.0))
+        tasks += [asyncio.create_task(batcher.submit(x, 30.0)) for x in good[3:]]
+        await _wait_for(lambda: batcher.queue_depth == 11)
+        model.gate.set()
+        await blocker
+        for x, task in zip(good, tasks):
+            sums, _ = await task
+            np.testing.assert_array_equal(sums, x.sum(axis=1))
+        with pytest.raises(ModelFailed) as info:
+            await bad_task
+        assert info.value.status_code == 422 and "negative first feature" in info.value.message
 
 
 async def test_cancelled_request_is_dropped_and_neighbours_are_unaffected() -> None:
     model = GatedModel()
-    batcher = Batcher(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64)
-    batcher.start()
-    blocker = await _busy(model, batcher)
-    before = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
-    leaving = asyncio.create_task(batcher.submit(np.full((3, 2), 5555.0), 30.0))
-    after = asyncio.create_task(batcher.submit(_rows(1, 50), 30.0))
-    await _wait_for(lambda: batcher.queue_depth == 5)
-    leaving.cancel()
-    await asyncio.gather(leaving, return_exceptions=True)
-    assert batcher.queue_depth == 2
-    model.gate.set()
-    await blocker
-    np.testing.assert_array_equal((await before)[0], _rows(1, 0).sum(axis=1))
-    np.testing.assert_array_equal((await after)[0], _rows(1, 50).sum(axis=1))
-    assert not any((b == 5555.0).any() for b in model.batches)
-    await batcher.close()
+    async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
+        blocker = await _busy(model, batcher)
+        before = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
+        leaving = asyncio.create_task(batcher.submit(np.full((3, 2), 5555.0), 30.0))
+        after = asyncio.create_task(batcher.submit(_rows(1, 50), 30.0))
+        await _wait_for(lambda: batcher.queue_depth == 5)
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        assert batcher.queue_depth == 2
+        model.gate.set()
+        await blocker
+        np.testing.assert_array_equal((await before)[0], _rows(1, 0).sum(axis=1))
+        np.testing.assert_array_equal((await after)[0], _rows(1, 50).sum(axis=1))
+        assert not any((b == 5555.0).any() for b in model.batches)
 
 
 async def test_drain_flushes_the_forming_batch_and_finishes_admitted_requests() -> None:
     model = GatedModel()
-    batcher = Batcher(model, max_batch_size=8, max_wait_ms=60_000, max_queue_size=64)
-    batcher.start()
-    waiting = [asyncio.create_task(batcher.submit(_rows(1, i), 30.0)) for i in range(3)]
-    await _wait_for(lambda: batcher.queue_depth == 3)
-    await asyncio.sleep(0.05)
-    assert not model.batches, "a 60 s window holds the batch"
-    failed = await batcher.drain(grace_s=10.0)
-    assert failed == 0
-    for i, task in enumerate(waiting):
-        np.testing.assert_array_equal((await task)[0], _rows(1, i).sum(axis=1))
-    with pytest.raises(Draining):
-        await batcher.submit(_rows(1, 0), 30.0)
-    await batcher.close()
+    async with started(model, max_batch_size=8, max_wait_ms=60_000, max_queue_size=64) as batcher:
+        waiting = [asyncio.create_task(batcher.submit(_rows(1, i), 30.0)) for i in range(3)]
+        await _wait_for(lambda: batcher.queue_depth == 3)
+        await asyncio.sleep(0.05)
+        assert not model.batches, "a 60 s window holds the batch"
+        failed = await batcher.drain(grace_s=10.0)
+        assert failed == 0
+        for i, task in enumerate(waiting):
+            np.testing.assert_array_equal((await task)[0], _rows(1, i).sum(axis=1))
+        with pytest.raises(Draining):
+            await batcher.submit(_rows(1, 0), 30.0)
 
 
 async def test_drain_answers_503_for_what_is_unanswered_when_the_grace_period_ends() -> None:
     model = GatedModel()
-    batcher = Batcher(model, max_batch_size=1, max_wait_ms=0, max_queue_size=64)
-    batcher.start()
-    blocker = await _busy(model, batcher)
-    queued = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
-    await _wait_for(lambda: batcher.queue_depth == 1)
-    failed = await batcher.drain(grace_s=0.1)
-    assert failed == 2
-    for task in (blocker, queued):
-        with pytest.raises(Draining) as info:
-            await task
-        assert info.value.status_code == 503
-    model.gate.set()
-    await batcher.close()
+    async with started(model, max_batch_size=1, max_wait_ms=0, max_queue_size=64) as batcher:
+        blocker = await _busy(model, batcher)
+        queued = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
+        await _wait_for(lambda: batcher.queue_depth == 1)
+        failed = await batcher.drain(grace_s=0.1)
+        assert failed == 2
+        for task in (blocker, queued):
+            with pytest.raises(Draining) as info:
+                await task
+            assert info.value.status_code == 503
+        model.gate.set()
