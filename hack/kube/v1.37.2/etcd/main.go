@@ -1,0 +1,10 @@
+// Command etcd is the etcd server at the release this Kubernetes tag requires.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
