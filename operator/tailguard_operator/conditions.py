@@ -76,11 +76,14 @@ def find_condition(status: Mapping[str, Any], type_: str) -> dict[str, Any] | No
 def build_status(previous: Mapping[str, Any], isvc: spec.InferenceService, *,
                  generation: int | None, plan: TrafficPlan,
                  deployments: Mapping[str, Mapping[str, Any] | None],
-                 conflicts: Sequence[str], now: datetime.datetime) -> dict[str, Any]:
+                 conflicts: Sequence[str], now: datetime.datetime,
+                 refused: Sequence[str] = ()) -> dict[str, Any]:
     """The owned part of the status after a reconcile pass.
 
     ``deployments`` maps each role to its live Deployment (or ``None``); ``conflicts`` names
-    children that exist but are controlled by another owner (they make ``Ready`` False).
+    children that exist but are controlled by another owner; ``refused`` has one line per
+    create or patch the API server refused (``Kind/name: 403 Forbidden: ...``). Either makes
+    ``Ready`` False, refusals first (reason ``ChildRefused``).
     """
     replicas = {role: {"desired": desired_replicas(deployments.get(role)),
                        "ready": ready_replicas(deployments.get(role))}
@@ -100,7 +103,10 @@ def build_status(previous: Mapping[str, Any], isvc: spec.InferenceService, *,
             put(type_, "False", "NoReadyReplicas", counts)
 
     active = replicas[plan.active]
-    if conflicts:
+    if refused:
+        put("Ready", "False", "ChildRefused",
+            "the API server refused: " + "; ".join(refused))
+    elif conflicts:
         put("Ready", "False", "ChildConflict",
             "controlled by another owner, left alone: " + ", ".join(conflicts))
     elif active["ready"] > 0:

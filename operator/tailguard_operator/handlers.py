@@ -5,8 +5,10 @@ One function, :func:`reconcile_service`, brings an InferenceService's children a
 line with its spec. kopf calls it on create, update and resume of the InferenceService, and on
 every change of a child (the watch on the children restores a child deleted or edited by hand,
 and notices when a role's pods become Ready, which is what a pending traffic switch waits for).
-There is no timer and no delete handler: kopf would add a finalizer for either, and deleting an
-InferenceService must work while the operator is down (children go by their owner references).
+There is no kopf timer, daemon or delete handler: kopf would add a finalizer for any of them,
+and deleting an InferenceService must work while the operator is down (children go by their
+owner references). A plain task started with the operator, :func:`resync`, reconciles every
+known InferenceService every ``resync_seconds`` instead, which repairs what a watch missed.
 
 Run it with ``tailguard operator`` (:func:`run_operator`) or ``kopf run -m
 tailguard_operator.handlers``. Handlers return nothing, so kopf stores no results in the status.
@@ -14,6 +16,8 @@ tailguard_operator.handlers``. Handlers return nothing, so kopf stores no result
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import logging
 import os
@@ -33,6 +37,10 @@ _CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "d
              ("autoscaling", "v2", "horizontalpodautoscalers"),
              ("policy", "v1", "poddisruptionbudgets"))
 
+CHILD_SELECTOR = f"{manifests.LABEL_MANAGED_BY}={manifests.MANAGED_BY}"
+"""The label selector of the child watches, sent to the API server: the operator lists and
+watches only its own ConfigMaps, Services, Deployments, HPAs and PDBs."""
+
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -51,6 +59,8 @@ class Outcome:
     """``Kind/name`` of the children patched."""
     conflicts: tuple[str, ...] = ()
     """``Kind/name`` of children controlled by another owner (left alone)."""
+    refused: tuple[str, ...] = ()
+    """``Kind/name: status reason: message`` of each create or patch the API refused."""
 
 
 def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
@@ -98,40 +108,61 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
         ready={role: reconcile.ready_replicas(d) for role, d in deployments.items()},
         min_replicas=isvc.scaling.min_replicas, max_replicas=isvc.scaling.max_replicas)
 
-    created, patched, conflicts = [], [], []
+    created, patched, conflicts, refused = [], [], [], []
     for desired in manifests.children(isvc, owner, settings, active_role=plan.active,
                                       min_replicas=plan.min_replicas):
         key = _key(desired)
         label = "/".join(key)
-        found = live[key]
-        if found is None:
-            try:
-                live[key] = kube.create(desired)
-                created.append(label)
-                continue
-            except kube.Conflict:  # created meanwhile: compare with what is there now
-                found = kube.get(key[0], namespace, key[1])
-                if found is None:
-                    raise
-        if reconcile.controller_uid(found) not in (None, owner.uid):
-            conflicts.append(label)
+        try:
+            change = _apply_child(desired, live[key], owner)
+        except kube.KubeError as exc:
+            if exc.status == 0:  # unreachable: nothing to report to the object; retry
+                raise
+            refused.append(f"{label}: {exc}")
             continue
-        patch = reconcile.merge_patch(desired, found)
-        if patch is not None:
-            live[key] = kube.merge_patch(key[0], namespace, key[1], patch)
-            patched.append(label)
+        if change == "conflict":
+            conflicts.append(label)
+        elif change is not None:
+            live[key] = change[1]
+            (created if change[0] == "created" else patched).append(label)
 
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
     status = conditions.build_status(previous, isvc, generation=generation, plan=plan,
-                                     deployments=deployments, conflicts=conflicts, now=now)
+                                     deployments=deployments, conflicts=conflicts,
+                                     refused=refused, now=now)
     status_patch = conditions.status_patch(previous, status)
     if status_patch is not None:
         kube.patch_status(namespace, name, status_patch)
     outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
-                      conflicts=tuple(conflicts))
+                      conflicts=tuple(conflicts), refused=tuple(refused))
     _announce(body, previous, outcome, now)
     return outcome
+
+
+def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
+                 owner: manifests.Owner) -> tuple[str, dict[str, Any]] | str | None:
+    """Create or patch one child: ``("created"|"patched", stored)``, ``"conflict"`` when
+    another owner controls it (left alone), ``None`` when it already matches.
+
+    Raises:
+        kube.KubeError: the API server refused the create or the patch.
+    """
+    kind, name = _key(desired)
+    namespace = desired["metadata"]["namespace"]
+    if found is None:
+        try:
+            return "created", kube.create(desired)
+        except kube.Conflict:  # created meanwhile: compare with what is there now
+            found = kube.get(kind, namespace, name)
+            if found is None:
+                raise
+    if reconcile.controller_uid(found) not in (None, owner.uid):
+        return "conflict"
+    patch = reconcile.merge_patch(desired, found)
+    if patch is None:
+        return None
+    return "patched", kube.merge_patch(kind, namespace, name, patch)
 
 
 def _refuse(body: Mapping[str, Any], previous: Mapping[str, Any], generation: int | None,
@@ -170,6 +201,9 @@ def _announce(body: Mapping[str, Any], previous: Mapping[str, Any], outcome: Out
     if plan.pending and not str(before.get("reason", "")).startswith("WaitingFor"):
         events.append(("Normal", f"WaitingFor{plan.intent.capitalize()}", plan.message))
     before_ready = conditions.find_condition(previous, "Ready") or {}
+    if outcome.refused and before_ready.get("reason") != "ChildRefused":
+        events.append(("Warning", "ChildRefused", "the API server refused: "
+                       + "; ".join(outcome.refused)))
     if outcome.conflicts and before_ready.get("reason") != "ChildConflict":
         events.append(("Warning", "ChildConflict", "controlled by another owner, left alone: "
                        + ", ".join(outcome.conflicts)))
@@ -208,12 +242,109 @@ def _owner_name(body: Mapping[str, Any]) -> str | None:
 def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     """Tune kopf and build the operator settings. kopf posts no Events of its own (the
     operator records its transitions; a retry every few seconds while traffic waits would
-    flood ``kubectl describe``); watches are renewed every 5 minutes."""
+    flood ``kubectl describe``); the child watches are filtered by the API server, by label."""
     settings.posting.enabled = False
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
+    # Watches are renewed every minute: a watch the API server leaves silent (as it can while
+    # a just-created CRD's watch cache initializes) costs at most a minute.
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    for group, version, plural in _CHILDREN:  # the API server filters, not the operator
+        settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     if getattr(memo, "tailguard", None) is None:
         memo.tailguard = OperatorSettings.from_env(os.environ)
+    _known(memo)
+
+
+class KnownServices:
+    """The InferenceServices the operator has seen (``(namespace, name)``), for the resync.
+    Filled by the handlers (kopf resumes every existing object at startup); an object found
+    gone by a resync pass is dropped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: set[tuple[str, str]] = set()
+
+    def add(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._keys.add((namespace, name))
+
+    def discard(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._keys.discard((namespace, name))
+
+    def snapshot(self) -> list[tuple[str, str]]:
+        """The keys, sorted (a copy: handlers may add while a resync runs)."""
+        with self._lock:
+            return sorted(self._keys)
+
+
+def _known(memo: Any) -> KnownServices:
+    known = getattr(memo, "known_services", None)
+    if known is None:
+        known = memo.known_services = KnownServices()
+    return known  # type: ignore[no-any-return]
+
+
+def resync_targets(namespaces: Sequence[str], known: KnownServices) -> list[tuple[str, str]]:
+    """The InferenceServices a resync pass reconciles: listed from the API server (every
+    namespace when ``namespaces`` is empty, else each namespace named exactly), plus those the
+    handlers have seen (namespaces matched by a glob pattern). Listing, rather than trusting
+    the watches, is the point: a watch that went silent (kopf issues #955, #1276) hides
+    objects from the handlers, never from a list.
+
+    Raises:
+        kube.KubeError: a list was refused.
+    """
+    found = set(known.snapshot())
+    if not namespaces:
+        found.update(kube.list_names(spec.KIND, None))
+    for namespace in namespaces:
+        if not any(ch in namespace for ch in "*?[!"):
+            found.update(kube.list_names(spec.KIND, namespace))
+    return sorted(found)
+
+
+async def resync(memo: Any) -> None:
+    """Reconcile every InferenceService in scope every ``resync_seconds``, forever.
+
+    Not a kopf timer or daemon (either would put a finalizer on every InferenceService): one
+    task for the whole operator, started and stopped with it. A pass that finds nothing to
+    change writes nothing. A failure is logged, and the next period tries again.
+    """
+    settings: OperatorSettings = memo.tailguard
+    known = _known(memo)
+    while True:
+        await asyncio.sleep(settings.resync_seconds)
+        try:
+            targets = await asyncio.to_thread(resync_targets,
+                                              getattr(memo, "namespaces", ()), known)
+        except kube.KubeError as exc:
+            logger.warning("resync: listing InferenceServices failed: %s", exc)
+            continue
+        for namespace, name in targets:
+            try:
+                outcome = await asyncio.to_thread(reconcile_service, namespace, name, settings)
+            except kube.KubeError as exc:
+                logger.warning("resync failed service=%s/%s error=%s", namespace, name, exc)
+                continue
+            if outcome == Outcome():  # gone
+                known.discard(namespace, name)
+
+
+@kopf.on.startup()
+async def start_resync(*, memo: Any, **_: Any) -> None:
+    """Start the :func:`resync` task (after :func:`configure`, which builds the settings)."""
+    memo.resync_task = asyncio.create_task(resync(memo), name="tailguard-resync")
+
+
+@kopf.on.cleanup()
+async def stop_resync(*, memo: Any, **_: Any) -> None:
+    """Stop the :func:`resync` task and wait for it (a pass in a thread finishes first)."""
+    task: asyncio.Task[None] | None = getattr(memo, "resync_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @kopf.on.login()
@@ -235,9 +366,13 @@ def reconcile_handler(*, namespace: str | None, name: str, memo: Any, **_: Any) 
     """Reconcile on create/update/resume. An invalid spec fails permanently (after its status
     condition is written); a traffic switch waiting for Ready replicas retries after a delay."""
     settings: OperatorSettings = memo.tailguard
+    _known(memo).add(namespace or "", name)
     outcome = reconcile_service(namespace or "", name, settings)
     if outcome.invalid is not None:
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
+    if outcome.refused:
+        raise kopf.TemporaryError("the API server refused: " + "; ".join(outcome.refused),
+                                  delay=settings.retry_delay_seconds)
     if outcome.plan is not None and outcome.plan.pending:
         raise kopf.TemporaryError(outcome.plan.message, delay=settings.retry_delay_seconds)
 
@@ -250,6 +385,7 @@ def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, m
     owner = _owner_name(body)
     if type is None or owner is None or namespace is None:
         return
+    _known(memo).add(namespace, owner)
     reconcile_service(namespace, owner, memo.tailguard)
 
 
@@ -274,7 +410,8 @@ def run_operator(namespaces: Sequence[str] | None = None, *, peering: bool | str
         ValueError: bad ``TAILGUARD_*`` environment variables.
     """
     kopf.configure(verbose=verbose)
-    memo = kopf.Memo(tailguard=settings or OperatorSettings.from_env(os.environ))
+    memo = kopf.Memo(tailguard=settings or OperatorSettings.from_env(os.environ),
+                     namespaces=list(namespaces or ()))
     # Peers with equal priority all pause (kopf's rule), so each replica draws its own.
     priority = random.randint(1, 2**31 - 1) if peering else None
     kopf.run(clusterwide=not namespaces, namespaces=list(namespaces or ()),

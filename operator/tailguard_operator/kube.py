@@ -142,6 +142,19 @@ def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return None
 
 
+def list_names(kind: str, namespace: str | None) -> list[tuple[str, str]]:
+    """``(namespace, name)`` of every object of ``kind`` in ``namespace`` (every namespace
+    when ``None``), sorted.
+
+    Raises:
+        KubeError: the API refused (403 without list permission, ...).
+    """
+    prefix, plural = _PATHS[kind]
+    path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+    items = _request("GET", path).get("items") or []
+    return sorted((i["metadata"]["namespace"], i["metadata"]["name"]) for i in items)
+
+
 def create(obj: Mapping[str, Any]) -> dict[str, Any]:
     """Create ``obj`` (its ``kind`` and ``metadata.namespace`` pick the collection); return the
     stored object.

@@ -154,11 +154,20 @@ def runtime_config(isvc: spec.InferenceService, active_role: str) -> dict[str, A
     }
 
 
-def config_checksum(isvc: spec.InferenceService) -> str:
-    """SHA-256 (hex) of the runtime config without ``activeModel``: it changes, and rolls the
-    pods, exactly when what they serve changes; a traffic switch rolls nothing."""
+def config_checksum(isvc: spec.InferenceService, role: str) -> str:
+    """SHA-256 (hex) of what the pods of ``role`` serve: the runtime config without
+    ``activeModel`` and without the other role's model. It changes, and rolls that role's pods,
+    exactly when what they serve changes: a traffic switch rolls nothing, and a new primary
+    model leaves the fallback's pods alone.
+
+    Raises:
+        ValueError: ``role`` is not a role.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     config = runtime_config(isvc, "primary")
     del config["activeModel"]
+    config["models"] = [m for m in config["models"] if m["role"] == role]
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
@@ -175,8 +184,8 @@ def deployment(isvc: spec.InferenceService, owner: Owner, role: str,
     """Deployment ``NAME-ROLE`` running ``tailguard-runtime --role ROLE``.
 
     ``spec.replicas`` is ``scaling.minReplicas``: written at creation only (the HPA owns it
-    after that, see :mod:`.reconcile`). The pod template carries the config checksum, so a
-    config change rolls the pods.
+    after that, see :mod:`.reconcile`). The pod template carries the role's config checksum, so
+    a change of what this role serves rolls its pods, and nothing else does.
     """
     labels = role_labels(isvc.name, role)
     probe = {"periodSeconds": 2, "timeoutSeconds": 1}
@@ -228,7 +237,7 @@ def deployment(isvc: spec.InferenceService, owner: Owner, role: str,
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {CHECKSUM_ANNOTATION: config_checksum(isvc),
+                    "annotations": {CHECKSUM_ANNOTATION: config_checksum(isvc, role),
                                     "prometheus.io/scrape": "true",
                                     "prometheus.io/port": str(PORT),
                                     "prometheus.io/path": "/metrics"},

@@ -8,6 +8,7 @@ operator owns, or ``None`` when it already does. The rules:
   (server defaults, ``status``, labels and annotations added by others) is left alone;
 - a list is owned whole: it is rewritten when it differs, compared element by element as a
   subset (so server-defaulted fields inside list items do not count as differences);
+- quantities compare by value: the server returns ``1000`` as ``1k`` and ``0.5`` as ``500m``;
 - a Deployment's ``spec.replicas`` is never patched: the HPA owns it once the Deployment exists;
 - an HPA's ``spec.behavior`` is copied verbatim: replaced whole when it changes, removed when
   the spec drops it;
@@ -24,6 +25,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from . import quantity
 
 Path = tuple[str, ...]
 
@@ -145,7 +148,7 @@ def plan_traffic(*, intent: str, current: str, ready: Mapping[str, int], min_rep
 def _diff(desired: Any, live: Any, path: Path, atomic: tuple[Path, ...]) -> Any:
     """The merge patch taking ``live`` to ``desired`` at ``path``, or ``_SAME``."""
     if path in atomic:
-        return _SAME if _subset(desired, live) else _replacement(desired, live)
+        return _SAME if _subset(desired, live, path) else _replacement(desired, live)
     if isinstance(desired, dict) and isinstance(live, dict):
         out: dict[str, Any] = {}
         for key, value in desired.items():
@@ -156,18 +159,31 @@ def _diff(desired: Any, live: Any, path: Path, atomic: tuple[Path, ...]) -> Any:
             if owned[:-1] == path and owned[-1] not in desired and owned[-1] in live:
                 out[owned[-1]] = None
         return out or _SAME
-    return _SAME if _subset(desired, live) else desired
+    return _SAME if _subset(desired, live, path) else desired
 
 
-def _subset(desired: Any, live: Any) -> bool:
-    """``desired`` is contained in ``live``: dicts by key, lists item by item, else equality."""
+def _subset(desired: Any, live: Any, path: Path = ()) -> bool:
+    """``desired`` is contained in ``live``: dicts by key, lists item by item, quantities by
+    value (the server stores them in canonical form), else equality."""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
-            key in live and _subset(value, live[key]) for key, value in desired.items())
+            key in live and _subset(value, live[key], path + (key,))
+            for key, value in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
-                and all(_subset(d, l) for d, l in zip(desired, live)))
+                and all(_subset(d, l, path + ("[]",)) for d, l in zip(desired, live)))
+    if isinstance(desired, str) and isinstance(live, str) and _is_quantity(path):
+        return quantity.same(desired, live)
     return bool(desired == live) and type(desired) is type(live)
+
+
+def _is_quantity(path: Path) -> bool:
+    """Whether the value at ``path`` is a resource.Quantity in the objects built here:
+    container requests and limits, an emptyDir's ``sizeLimit``, an HPA target's value."""
+    return ((len(path) >= 3 and path[-3] == "resources" and path[-2] in ("requests", "limits"))
+            or path[-1:] == ("sizeLimit",)
+            or (len(path) >= 2 and path[-2] == "target" and path[-1] in ("averageValue",
+                                                                         "value")))
 
 
 def _replacement(desired: Any, live: Any) -> Any:

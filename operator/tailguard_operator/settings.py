@@ -46,6 +46,12 @@ class OperatorSettings:
     """Delay before a handler that waits (a traffic switch waiting for Ready replicas) runs
     again, in seconds (``TAILGUARD_RETRY_DELAY_SECONDS``). Readiness changes also wake it early,
     through the watch on the Deployments."""
+    resync_seconds: float = 120.0
+    """Every this many seconds (``TAILGUARD_RESYNC_SECONDS``) each InferenceService the
+    operator knows is reconciled again, whatever the watches said: a child deleted while a
+    watch was reconnecting is restored within one period. A pass that finds nothing to change
+    writes nothing, so the resync costs reads only. Two minutes bound the repair time at a few
+    GET requests per InferenceService per period."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "OperatorSettings":

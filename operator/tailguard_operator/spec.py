@@ -234,14 +234,22 @@ def _strict_schema() -> dict[str, Any]:
 def forbid_unknown(schema: Any) -> Any:
     """A copy of a CRD schema with ``additionalProperties: false`` wherever properties are
     listed and unknown fields are not preserved: what the API server would prune (or, with
-    strict field validation, refuse) becomes a JSON-schema error."""
+    strict field validation, refuse) becomes a JSON-schema error. A root ``metadata`` stays
+    open: the schema only restricts its ``name``; the rest is the API server's ObjectMeta."""
+    out = _closed(schema)
+    if isinstance(schema, dict) and "metadata" in schema.get("properties", {}):
+        out["properties"]["metadata"] = copy.deepcopy(schema["properties"]["metadata"])
+    return out
+
+
+def _closed(schema: Any) -> Any:
     if isinstance(schema, dict):
-        out = {k: forbid_unknown(v) for k, v in schema.items()}
+        out = {k: _closed(v) for k, v in schema.items()}
         if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
-        return [forbid_unknown(v) for v in schema]
+        return [_closed(v) for v in schema]
     return schema
 
 

@@ -1,14 +1,20 @@
-"""Helpers shared by the operator tests: examples, polling, and reading the fake's state."""
+"""What the operator tests share: examples, and a view of one test namespace on the real
+control plane (objects as the API server stores them, the operator's requests from the audit
+log)."""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterator, Mapping
 
 import yaml
-from fakeapi import FakeApiServer, Record
+from kubecluster.audit import AuditLog, Write
+from kubecluster.client import Client, wait_for
+from kubecluster.install import Installation
 
 from tailguard_operator import spec
 
@@ -24,114 +30,150 @@ BEHAVIOR = {
     "scaleDown": {"stabilizationWindowSeconds": 300,
                   "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
 }
+RESYNC_SECONDS = 1.5
+"""The operator's resync period in these tests (the chart's default is 120 s)."""
+CHILD_SELECTOR = "app.kubernetes.io/managed-by=tailguard-operator"
+FAST = {"TAILGUARD_RETRY_DELAY_SECONDS": "0.5", "TAILGUARD_RESYNC_SECONDS": str(RESYNC_SECONDS)}
 
-OPERATOR_ARGS = ["run", "--standalone", "--namespace", NAMESPACE,
-                 "-m", "tailguard_operator.handlers"]
 
-
-def example(name: str = "iris", **spec_changes: Any) -> dict[str, Any]:
-    """An InferenceService from ``examples/NAME.yaml`` in the test namespace, with top-level
-    spec fields replaced."""
+def example(name: str = "iris", namespace: str = NAMESPACE, **spec_changes: Any) -> dict[str, Any]:
+    """An InferenceService from ``examples/NAME.yaml`` in ``namespace``, with top-level spec
+    fields replaced."""
     body = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
-    body["metadata"]["namespace"] = NAMESPACE
+    body["metadata"]["namespace"] = namespace
     body["spec"].update(spec_changes)
     return body  # type: ignore[no-any-return]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
-    """Poll ``predicate`` every 20 ms until it returns something truthy; return that.
+@dataclass
+class Scene:
+    """One test's namespace, the admin acting in it as a person would, and the operator run
+    as the chart deploys it (``with scene.operator(): ...``)."""
 
-    Raises:
-        AssertionError: still falsy after ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
-        time.sleep(0.02)
+    admin: Client
+    namespace: str
+    installation: Installation
+    audit: AuditLog
+    logs: Path
 
+    # --- acting ----------------------------------------------------------------------------
 
-def settle(fake: FakeApiServer, quiet: float = 0.7, timeout: float = 15.0) -> None:
-    """Wait until the fake has received no request (watches aside) for ``quiet`` seconds."""
-    deadline = time.monotonic() + timeout
-    seen, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        count = len([r for r in fake.requests if r.query.get("watch") not in ("true", "1")])
-        if count != seen:
-            seen, since = count, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return
-        time.sleep(0.02)
-    raise AssertionError("the operator never went quiet")
+    @contextlib.contextmanager
+    def operator(self) -> Iterator[subprocess.Popen[bytes]]:
+        """Run the operator as the chart deploys it (every namespace) for a block; assert it
+        stopped cleanly on SIGTERM."""
+        proc = self.installation.start_operator(self.logs, FAST)
+        try:
+            yield proc
+        finally:
+            code = self.installation.stop_operator(proc)
+        assert code == 0, f"the operator exited with {code}:\n{self.log_tail()}"
 
+    def log_tail(self, chars: int = 4000) -> str:
+        """The end of the operator's log (for assertion messages)."""
+        try:
+            return self.logs.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
 
-def child_writes(fake: FakeApiServer, start: int = 0) -> list[Record]:
-    """Write requests (POST/PUT/PATCH/DELETE) to the children's kinds since ``start``."""
-    return [r for r in fake.requests[start:]
-            if r.method in ("POST", "PUT", "PATCH", "DELETE")
-            and any(f"/{plural}" in r.path for plural in CHILD_PLURALS)]
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.admin.create(body, self.namespace)
 
+    def patch(self, plural: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return self.admin.patch(plural, self.namespace, name, patch)
 
-def must_get(fake: FakeApiServer, plural: str, name: str,
-             namespace: str = NAMESPACE) -> dict[str, Any]:
-    """A stored object that must exist."""
-    obj = fake.get(plural, namespace, name)
-    assert obj is not None, f"{plural}/{name} is not stored"
-    return obj
+    def delete(self, plural: str, name: str) -> None:
+        self.admin.delete(plural, self.namespace, name)
 
+    # --- looking ---------------------------------------------------------------------------
 
-def status_of(fake: FakeApiServer, name: str = "iris") -> dict[str, Any]:
-    """The stored InferenceService's status (empty when it has none)."""
-    obj = fake.get(spec.PLURAL, NAMESPACE, name) or {}
-    return obj.get("status") or {}
+    def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        return self.admin.get(plural, self.namespace, name)
 
+    def must_get(self, plural: str, name: str) -> dict[str, Any]:
+        obj = self.get(plural, name)
+        assert obj is not None, f"{plural}/{name} is not stored"
+        return obj
 
-def condition(fake: FakeApiServer, type_: str, name: str = "iris") -> dict[str, Any]:
-    """A stored status condition (empty when absent)."""
-    for cond in status_of(fake, name).get("conditions") or []:
-        if cond["type"] == type_:
-            return cond  # type: ignore[no-any-return]
-    return {}
+    def list(self, plural: str) -> list[dict[str, Any]]:
+        return self.admin.list(plural, self.namespace)
 
+    def children(self, plural: str) -> list[dict[str, Any]]:
+        """The objects of ``plural`` the operator made (the namespace also holds the cluster's
+        own, such as the ``kube-root-ca.crt`` ConfigMap)."""
+        return self.admin.list(plural, self.namespace, labels=CHILD_SELECTOR)
 
-def make_ready(fake: FakeApiServer, deployment: str, ready: int) -> None:
-    """Play the Deployment controller: report ``ready`` Ready replicas for ``deployment``."""
-    fake.patch("deployments", NAMESPACE, deployment,
-               {"status": {"replicas": ready, "readyReplicas": ready,
-                           "availableReplicas": ready, "updatedReplicas": ready}},
-               subresource="status")
+    def names(self, plural: str) -> list[str]:
+        """Names of the operator's children of ``plural``."""
+        return [o["metadata"]["name"] for o in self.children(plural)]
 
+    def status(self, name: str = "iris") -> dict[str, Any]:
+        """The stored InferenceService's status (empty when it has none)."""
+        return (self.get(spec.PLURAL, name) or {}).get("status") or {}
 
-strict = spec.forbid_unknown
+    def condition(self, type_: str, name: str = "iris") -> dict[str, Any]:
+        """A stored status condition (empty when absent)."""
+        for cond in self.status(name).get("conditions") or []:
+            if cond["type"] == type_:
+                return cond  # type: ignore[no-any-return]
+        return {}
 
+    def selected_role(self, name: str = "iris") -> str:
+        return self.must_get("services", name)["spec"]["selector"][  # type: ignore[no-any-return]
+            "tailguard.dev/role"]
 
-def events(fake: FakeApiServer, reason: str | None = None) -> list[dict[str, Any]]:
-    """Stored core/v1 Events (of ``reason``, if given), oldest first."""
-    found = sorted(fake.list("events", NAMESPACE),
-                   key=lambda e: int(e["metadata"]["resourceVersion"]))
-    return [e for e in found if reason is None or e["reason"] == reason]
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        """core/v1 Events in the namespace (of ``reason``, if given), oldest first."""
+        found = sorted(self.list("events"), key=lambda e: e["metadata"]["creationTimestamp"])
+        return [e for e in found if reason is None or e["reason"] == reason]
 
+    def requests(self, since: int = 0) -> list[Write]:
+        """The operator's requests in this namespace since the audit offset ``since``."""
+        return self.audit.requests(since, user=self.installation.user,
+                                   namespace=self.namespace)
 
-def assert_contracts(fake: FakeApiServer) -> None:
-    """What the fake cannot enforce but a cluster would: every InferenceService status ever
-    stored validates against the CRD's status schema (nothing would be pruned), and no object
-    ever carried a finalizer."""
-    import jsonschema
+    def writes(self, since: int = 0) -> list[Write]:
+        """The operator's writes in this namespace since the audit offset ``since``."""
+        return self.audit.writes(since, user=self.installation.user, namespace=self.namespace)
 
-    schema = strict(spec.object_schema()["properties"]["status"])
-    validator = jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-    versions = fake.history(spec.PLURAL)
-    assert versions, "no InferenceService was ever stored"
-    for _, obj in versions:
-        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-                  for e in validator.iter_errors(obj.get("status") or {})]
-        assert not errors, errors
-    for plural in (spec.PLURAL, *CHILD_PLURALS):
-        for _, obj in fake.history(plural):
-            assert not obj["metadata"].get("finalizers"), obj["metadata"]
-    for record in fake.requests:
-        assert "finalizers" not in json.dumps(record.body or {}), record
+    def child_writes(self, since: int = 0) -> list[Write]:
+        return [w for w in self.writes(since) if w.resource in CHILD_PLURALS]
+
+    def passes(self, since: int = 0, name: str = "iris") -> int:
+        """Reconcile passes over ``name`` since ``since`` (each begins with a GET of it)."""
+        return sum(1 for r in self.requests(since)
+                   if r.verb == "get" and r.resource == spec.PLURAL and r.name == name
+                   and not r.subresource)
+
+    def settle(self, quiet: float = RESYNC_SECONDS + 0.5, timeout: float = 30.0) -> None:
+        """Wait until the operator has written nothing in this namespace for ``quiet``
+        seconds: by default longer than a resync period, so at least one whole pass found
+        nothing to write (reads never go quiet: every pass reads)."""
+        deadline = time.monotonic() + timeout
+        seen, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            count = len(self.writes())
+            if count != seen:
+                seen, since = count, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return
+            time.sleep(0.05)
+        raise AssertionError("the operator never went quiet")
+
+    def wait(self, predicate: Any, what: str, timeout: float = 30.0) -> Any:
+        """:func:`wait_for`, with the operator's log in the failure message."""
+        try:
+            return wait_for(predicate, timeout=timeout, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- operator log ---\n{self.log_tail()}") from None
+
+    def first_status(self, name: str = "iris", generation: int = 1) -> None:
+        """Wait until the operator has written the status of ``generation``, then settle."""
+        self.wait(lambda: self.status(name).get("observedGeneration") == generation,
+                  what=f"status of generation {generation}")
+        self.settle()
+
+    def ready_deployment(self, name: str, replicas: int) -> None:
+        """Wait until a Deployment reports ``replicas`` Ready replicas (kwok's pods)."""
+        self.wait(lambda: ((self.get("deployments", name) or {}).get("status") or {}).get(
+            "readyReplicas") == replicas, what=f"{name} with {replicas} Ready replicas")

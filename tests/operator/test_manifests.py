@@ -135,12 +135,26 @@ def test_the_runtime_reads_the_config_map_and_a_switch_rolls_no_pods() -> None:
 
     primary, fallback = (manifests.deployment(isvc, OWNER, role, OperatorSettings())
                          for role in manifests.ROLES)
-    checksums = {d["spec"]["template"]["metadata"]["annotations"][manifests.CHECKSUM_ANNOTATION]
-                 for d in (primary, fallback)}
-    assert checksums == {manifests.config_checksum(isvc)}
-    changed = spec.parse(example("iris", batching={"maxBatchSize": 8}))
-    assert manifests.config_checksum(changed) != manifests.config_checksum(
-        spec.parse(example("iris")))
+    checksums = [d["spec"]["template"]["metadata"]["annotations"][manifests.CHECKSUM_ANNOTATION]
+                 for d in (primary, fallback)]
+    assert checksums == [manifests.config_checksum(isvc, role) for role in manifests.ROLES]
+
+
+def test_each_role_rolls_only_when_what_it_serves_changes() -> None:
+    def sums(isvc: spec.InferenceService) -> dict[str, str]:
+        return {role: manifests.config_checksum(isvc, role) for role in manifests.ROLES}
+
+    base = sums(spec.parse(example("iris")))
+    assert base["primary"] != base["fallback"]
+    batching = sums(spec.parse(example("iris", batching={"maxBatchSize": 8})))
+    assert all(batching[role] != base[role] for role in manifests.ROLES)
+    primary = sums(spec.parse(example(
+        "iris", model={"uri": "builtin://iris/random-forest?trees=7"})))
+    assert primary["primary"] != base["primary"] and primary["fallback"] == base["fallback"]
+    fallback = sums(spec.parse(example(
+        "iris", fallback={"uri": "builtin://iris/random-forest?trees=3"})))
+    assert fallback["fallback"] != base["fallback"] and fallback["primary"] == base["primary"]
+    assert sums(spec.parse(example("iris", traffic="fallback"))) == base
 
 
 def test_the_service_selects_the_active_role() -> None:

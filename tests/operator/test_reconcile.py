@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from fakeapi import apply_merge_patch
+from json_merge_patch import merge as apply_merge_patch
 from harness import BEHAVIOR, example
 
 from tailguard_operator import manifests, reconcile, spec
@@ -167,3 +167,29 @@ class TestPlanTraffic:
         plan = self.plan("primary", "fallback", 1, 2)
         assert plan.pending and plan.min_replicas == {"primary": 2}
         assert self.plan("primary", "fallback", 2, 2).active == "primary"
+
+
+def test_quantities_the_server_rewrote_are_not_differences() -> None:
+    """The API server stores ``1000`` as ``1k``, ``0.5`` as ``500m`` and ``1024Mi`` as
+    ``1Gi``; comparing strings would patch the HPA and the Deployment on every pass."""
+    desired = {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"},
+                                                   "limits": {"memory": "1024Mi"}}}],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1024Mi"}}]}}}}
+    live = {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                                   "limits": {"memory": "1Gi"}}}],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]}}}}
+    assert reconcile.merge_patch(desired, live) is None
+    hpa = {"kind": "HorizontalPodAutoscaler", "metadata": {"name": "h"}, "spec": {"metrics": [
+        {"type": "Pods", "pods": {"target": {"type": "AverageValue", "averageValue": "1000"}}}]}}
+    stored = {"kind": "HorizontalPodAutoscaler", "metadata": {"name": "h"}, "spec": {"metrics": [
+        {"type": "Pods", "pods": {"target": {"type": "AverageValue", "averageValue": "1k"}}}]}}
+    assert reconcile.merge_patch(hpa, stored) is None
+    stored["spec"]["metrics"][0]["pods"]["target"]["averageValue"] = "2k"
+    assert reconcile.merge_patch(hpa, stored) == {"spec": {"metrics": hpa["spec"]["metrics"]}}
+    # A string that only looks like a quantity elsewhere is compared as a string.
+    assert reconcile.merge_patch({"kind": "ConfigMap", "metadata": {"name": "c"},
+                                  "data": {"x": "1000"}},
+                                 {"kind": "ConfigMap", "metadata": {"name": "c"},
+                                  "data": {"x": "1k"}}) == {"data": {"x": "1000"}}

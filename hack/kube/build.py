@@ -1,0 +1,184 @@
+"""Build the Kubernetes control plane the tests run on, once, into a cache outside the clone.
+
+Builds ``etcd``, ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler`` and
+``kubectl`` from the pinned module in ``hack/kube/<tag>/`` (see ``gomod.py``) and ``kwok`` from
+``hack/kwok/``, with the local Go toolchain (``GOTOOLCHAIN=local``), ``CGO_ENABLED=0`` and
+``-trimpath``. The cache folder is keyed by the tag and a digest of every file that pins the
+build (go.mod, go.sum, our etcd main), so a change of pins builds anew and an unchanged checkout
+reuses what is there. Prints the folder holding the binaries as its last line.
+
+Usage::
+
+    python3 hack/kube/build.py                 # the default tag
+    python3 hack/kube/build.py --tag v1.34.4   # another pinned tag
+
+The cache lives in ``$TAILGUARD_KUBE_CACHE``, else ``$XDG_CACHE_HOME/tailguard/kube``, else
+``~/.cache/tailguard/kube``. Stdlib only: it runs before any virtualenv exists.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gomod import HERE, TOOLS, go_env, staging_version, unresolved  # noqa: E402
+
+DEFAULT_TAG = "v1.37.2"
+"""The newest Kubernetes release whose go.mod ``go`` line (1.26.0) this machine's Go 1.26.8
+builds; k8s.io/kubernetes v1.38 is not released."""
+KWOK = HERE.parent / "kwok"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
+            "kwok")
+KWOK_STAGES = "kwok-stages.yaml"
+"""kwok's own stages (its module's ``kustomize/stage`` files), copied beside the binaries: plain
+``kwok`` plays no stage unless told, and only ``kwokctl`` bundles these defaults."""
+_STAGE_FILES = ("node/fast/node-initialize.yaml",
+                "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+                "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml",
+                "pod/fast/pod-delete.yaml")
+MIN_GO = (1, 26)
+
+
+class BuildError(Exception):
+    """The control plane cannot be built here (message says why, in one line)."""
+
+
+def cache_root() -> Path:
+    """Where built control planes live (one subfolder per tag and pin digest)."""
+    explicit = os.environ.get("TAILGUARD_KUBE_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tailguard" / "kube"
+
+
+def module_dir(tag: str) -> Path:
+    """The pinned Go module of ``tag``.
+
+    Raises:
+        BuildError: ``tag`` has no pinned module here, or its go.mod still has ``v0.0.0``.
+    """
+    staging_version(tag)  # refuses a malformed tag
+    folder = HERE / tag
+    if not (folder / "go.mod").is_file() or not (folder / "go.sum").is_file():
+        pinned = sorted(p.name for p in HERE.glob("v1.*") if (p / "go.sum").is_file())
+        raise BuildError(f"no pinned module for {tag} in {HERE} (pinned: {', '.join(pinned)}); "
+                         f"create it with: python3 hack/kube/gomod.py {tag}")
+    left = unresolved((folder / "go.mod").read_text())
+    if left:
+        raise BuildError(f"{folder / 'go.mod'} still requires staging modules at v0.0.0: "
+                         f"{', '.join(left)}; regenerate it with hack/kube/gomod.py")
+    return folder
+
+
+def pin_digest(tag: str) -> str:
+    """A digest of every file that decides what gets built for ``tag`` (12 hex digits)."""
+    digest = hashlib.sha256(tag.encode())
+    folder = module_dir(tag)
+    for path in sorted([*folder.rglob("*.go"), folder / "go.mod", folder / "go.sum",
+                        KWOK / "go.mod", KWOK / "go.sum"]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def find_go() -> str:
+    """The ``go`` command, at least Go 1.26.
+
+    Raises:
+        BuildError: no Go, or too old a Go.
+    """
+    go = shutil.which("go") or next(
+        (p for p in ("/usr/local/go/bin/go", "/usr/lib/go/bin/go") if os.access(p, os.X_OK)),
+        None)
+    if go is None:
+        raise BuildError("the tests run a Kubernetes control plane built from source and need Go "
+                         f"{MIN_GO[0]}.{MIN_GO[1]} or newer: no `go` on PATH "
+                         "(install Go, e.g. from your distribution or go.dev/dl)")
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
+                         env=go_env()).stdout.strip()
+    try:
+        major, minor = (int(x) for x in out.removeprefix("go").split(".")[:2])
+    except ValueError:
+        raise BuildError(f"cannot tell the version of {go} (it said {out!r})") from None
+    if (major, minor) < MIN_GO:
+        raise BuildError(f"{go} is {out}; building Kubernetes needs Go "
+                         f"{MIN_GO[0]}.{MIN_GO[1]} or newer")
+    return go
+
+
+def ldflags(tag: str) -> str:
+    """Linker flags: strip symbols, and stamp the version ``/version`` and kubectl report
+    (without it they say ``v0.0.0-master``, which helm refuses for a chart's kubeVersion)."""
+    major, minor = tag.removeprefix("v").split(".")[:2]
+    pkg = "k8s.io/component-base/version"
+    return " ".join(["-s", "-w", f"-X {pkg}.gitVersion={tag}", f"-X {pkg}.gitMajor={major}",
+                     f"-X {pkg}.gitMinor={minor}", f"-X {pkg}.gitTreeState=clean"])
+
+
+def build(tag: str, *, log: bool = True) -> Path:
+    """The folder holding the six binaries (and kwok's stages) for ``tag``, building them if
+    the cache lacks them.
+
+    Raises:
+        BuildError: no usable Go, no pinned module, or a failed build.
+    """
+    folder = module_dir(tag)
+    target = cache_root() / f"{tag}-{pin_digest(tag)}"
+    if all((target / name).is_file() for name in (*BINARIES, KWOK_STAGES)):
+        return target
+    go = find_go()
+    staging = target.with_name(target.name + f".partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    flags = ["-trimpath", "-ldflags", ldflags(tag), "-o", str(staging) + os.sep]
+    steps = [(folder, [*TOOLS, "./etcd"], "etcd, kube-apiserver, kube-controller-manager, "
+              "kube-scheduler, kubectl"),
+             (KWOK, ["sigs.k8s.io/kwok/cmd/kwok"], "kwok")]
+    for cwd, packages, what in steps:
+        started = time.monotonic()
+        if log:
+            print(f"building {what} ({tag}) into {target} "
+                  "(a cold build takes about 20 minutes on 2 cores; it is cached) ...",
+                  file=sys.stderr, flush=True)
+        done = subprocess.run([go, "build", *flags, *packages], cwd=cwd, env=go_env())
+        if done.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise BuildError(f"go build failed in {cwd} (exit {done.returncode}); see above")
+        if log:
+            print(f"  built {what} in {time.monotonic() - started:.0f} s", file=sys.stderr,
+                  flush=True)
+    kwok_src = Path(subprocess.run(
+        [go, "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], cwd=KWOK, env=go_env(),
+        check=True, capture_output=True, text=True).stdout.strip())
+    (staging / KWOK_STAGES).write_text("\n---\n".join(
+        (kwok_src / "kustomize" / "stage" / rel).read_text() for rel in _STAGE_FILES))
+    missing = [name for name in BINARIES if not (staging / name).is_file()]
+    if missing:
+        raise BuildError(f"the build produced no {', '.join(missing)}")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build (or find cached) Kubernetes binaries.")
+    parser.add_argument("--tag", default=os.environ.get("TAILGUARD_KUBE_VERSION", DEFAULT_TAG),
+                        help=f"Kubernetes release tag (default {DEFAULT_TAG}, or "
+                             "$TAILGUARD_KUBE_VERSION)")
+    args = parser.parse_args(argv)
+    try:
+        print(build(args.tag))
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
