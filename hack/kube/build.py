@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gomod import HERE, TOOLS, go_env, staging_version, unresolved  # noqa: E402
+from gomod import (ETCD_MAIN, HERE, TOOLS, go_env, staging_version,  # noqa: E402
+                   unresolved, write_etcd_main)
 
 DEFAULT_TAG = "v1.37.2"
 """The newest Kubernetes release whose go.mod ``go`` line (1.26.0) this machine's Go 1.26.8
@@ -81,8 +82,8 @@ def pin_digest(tag: str) -> str:
     """A digest of every file that decides what gets built for ``tag`` (12 hex digits)."""
     digest = hashlib.sha256(tag.encode())
     folder = module_dir(tag)
-    for path in sorted([*folder.rglob("*.go"), folder / "go.mod", folder / "go.sum",
-                        KWOK / "go.mod", KWOK / "go.sum"]):
+    digest.update(ETCD_MAIN.encode())
+    for path in (folder / "go.mod", folder / "go.sum", KWOK / "go.mod", KWOK / "go.sum"):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -133,6 +134,7 @@ def build(tag: str, *, log: bool = True) -> Path:
     if all((target / name).is_file() for name in (*BINARIES, KWOK_STAGES)):
         return target
     go = find_go()
+    write_etcd_main(folder)
     staging = target.with_name(target.name + f".partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

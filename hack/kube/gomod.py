@@ -37,6 +37,21 @@ TOOLS = (
     "k8s.io/kubernetes/cmd/kubectl",
 )
 
+ETCD_MAIN = """\
+// Command etcd is the etcd server at the release this Kubernetes tag requires.
+// Written by hack/kube/gomod.py (and build.py) before each tidy or build; not committed.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+"""
+"""Our ``etcd`` command: a main that calls etcd's own ``etcdmain.Main``."""
+
 _TAG = re.compile(r"^v1\.(\d+)\.(\d+)$")
 _STAGING = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/src/\1\s*$", re.M)
 _REQUIRED_AT_ZERO = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+v0\.0\.0\s*$", re.M)
@@ -112,6 +127,12 @@ def unresolved(gomod: str) -> list[str]:
     return sorted(set(re.findall(r"(\S+)\s+v0\.0\.0(?![-.\w])", gomod)))
 
 
+def write_etcd_main(module: Path) -> None:
+    """Put :data:`ETCD_MAIN` at ``module/etcd/main.go`` (one source for every tag)."""
+    (module / "etcd").mkdir(exist_ok=True)
+    (module / "etcd" / "main.go").write_text(ETCD_MAIN)
+
+
 def go_env() -> dict[str, str]:
     """The environment every go command here runs with: the local toolchain, no cgo."""
     return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
@@ -138,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     out = HERE / args.tag
     out.mkdir(exist_ok=True)
     (out / "go.mod").write_text(text)
-    (out / "etcd").mkdir(exist_ok=True)
+    write_etcd_main(out)
     subprocess.run(["go", "mod", "tidy"], check=True, env=go_env(), cwd=out)
     left = unresolved((out / "go.mod").read_text())
     if left:

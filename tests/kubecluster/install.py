@@ -66,6 +66,18 @@ class Installation:
     identity: Identity
     """The operator's ServiceAccount, as a kubeconfig with a bound token."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    release: str = RELEASE
+    namespace: str = RELEASE_NAMESPACE
+
+    def refresh(self) -> None:
+        """Read the operator Deployment again and get a new token for its ServiceAccount
+        (after an uninstall and install, the old token's ServiceAccount is gone)."""
+        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"
+        (self.deployment,) = wait_for(lambda: self.admin.list(
+            "deployments", self.namespace, labels=selector), what="the operator Deployment")
+        account = self.deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        self.identity = self.cluster.token_identity(
+            f"operator-{self.release}", namespace=self.namespace, service_account=account)
 
     @property
     def user(self) -> str:
@@ -119,18 +131,18 @@ class Installation:
         return proc.returncode
 
 
-def install(cluster: ControlPlane, admin: Client, values: Mapping[str, Any] | None = None
-            ) -> Installation:
-    """``helm install`` the chart (CRD included, as a template) and wait until the CRD is
-    Established; a token for the operator's ServiceAccount.
+def install(cluster: ControlPlane, admin: Client, values: Mapping[str, Any] | None = None, *,
+            release: str = RELEASE, namespace: str = RELEASE_NAMESPACE) -> Installation:
+    """``helm install`` the chart (CRD included, as a template, unless ``values`` say
+    otherwise) and wait until the CRD is Established; a token for the operator's
+    ServiceAccount.
 
     Raises:
         subprocess.CalledProcessError: helm refused (its stderr attached).
     """
-    args = ["install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
-            "--create-namespace"]
+    args = ["install", release, str(CHART), "--namespace", namespace, "--create-namespace"]
     if values:
-        path = cluster.workdir / "values.yaml"
+        path = cluster.workdir / f"values-{release}.yaml"
         path.write_text(yaml.safe_dump(dict(values)))
         args += ["-f", str(path)]
     done = helm(cluster, *args, check=False)
@@ -139,12 +151,10 @@ def install(cluster: ControlPlane, admin: Client, values: Mapping[str, Any] | No
                                             done.stderr)
     wait_for(lambda: established(admin) and _listable(admin), timeout=30,
              what="the CRD to be Established and its storage ready")
-    deployment = wait_for(lambda: admin.get("deployments", RELEASE_NAMESPACE,
-                                            f"{RELEASE}-operator"), what="operator Deployment")
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    identity = cluster.token_identity("operator", namespace=RELEASE_NAMESPACE,
-                                      service_account=account)
-    return Installation(cluster, admin, deployment, identity)
+    installation = Installation(cluster, admin, {}, cluster.admin, release=release,
+                                namespace=namespace)
+    installation.refresh()
+    return installation
 
 
 def established(admin: Client) -> bool:

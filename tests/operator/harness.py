@@ -36,6 +36,9 @@ CHILD_SELECTOR = "app.kubernetes.io/managed-by=tailguard-operator"
 FAST = {"TAILGUARD_RETRY_DELAY_SECONDS": "0.5", "TAILGUARD_RESYNC_SECONDS": str(RESYNC_SECONDS)}
 
 
+strict = spec.forbid_unknown
+
+
 def example(name: str = "iris", namespace: str = NAMESPACE, **spec_changes: Any) -> dict[str, Any]:
     """An InferenceService from ``examples/NAME.yaml`` in ``namespace``, with top-level spec
     fields replaced."""

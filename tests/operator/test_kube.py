@@ -1,5 +1,5 @@
-"""The API client module against the fake API: dict in, dict out, merge patches, and errors
-that say what happened."""
+"""The operator's API client module against the real API server: dicts in and out, merge
+patches, the status subresource, and errors that say what happened."""
 
 from __future__ import annotations
 
@@ -7,91 +7,105 @@ import datetime
 import logging
 import socket
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
-from fakeapi import FakeApiServer
-from harness import NAMESPACE, example
+from harness import example
+from kubecluster.client import Client
+from kubecluster.controlplane import ControlPlane
+from kubecluster.install import Installation
 
 from tailguard_operator import kube, spec
 
-NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 @pytest.fixture
-def connected(fake: FakeApiServer) -> FakeApiServer:
+def connected(cluster: ControlPlane, installed: Installation, namespace: str,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """:mod:`kube` connected as the admin, through ``$KUBECONFIG``; yields the namespace."""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.admin.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     creds = kube.connect()
-    assert creds.server == fake.url and creds.token == "fake-token"
-    return fake
+    assert creds.server == cluster.url and creds.certificate_path
+    yield namespace
 
 
-def test_reads_and_writes_round_trip(connected: FakeApiServer) -> None:
+def test_reads_and_writes_round_trip(connected: str) -> None:
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": "c", "namespace": NAMESPACE}, "data": {"a": "1"}}
+                  "metadata": {"name": "c", "namespace": connected}, "data": {"a": "1"}}
     stored = kube.create(config_map)
     assert stored["metadata"]["uid"]
-    assert kube.get("ConfigMap", NAMESPACE, "c") == stored
-    patched = kube.merge_patch("ConfigMap", NAMESPACE, "c", {"data": {"a": None, "b": "2"}})
-    assert patched["data"] == {"b": "2"}
-    (request,) = [r for r in connected.requests if r.method == "PATCH"]
-    assert request.content_type == "application/merge-patch+json"
-    assert kube.get("ConfigMap", NAMESPACE, "missing") is None
+    assert kube.get("ConfigMap", connected, "c") == stored
+    patched = kube.merge_patch("ConfigMap", connected, "c", {"data": {"a": None, "b": "2"}})
+    assert patched["data"] == {"b": "2"}  # null removes a key: a merge patch, not a JSON patch
+    assert kube.get("ConfigMap", connected, "missing") is None
+    assert ("default", "iris") not in kube.list_names(spec.KIND, connected)
 
 
-def test_errors_carry_their_status(connected: FakeApiServer) -> None:
+def test_errors_carry_their_status(connected: str) -> None:
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": "c", "namespace": NAMESPACE}}
+                  "metadata": {"name": "c", "namespace": connected}}
     kube.create(config_map)
     with pytest.raises(kube.Conflict) as conflict:
         kube.create(config_map)
     assert (conflict.value.status, conflict.value.reason) == (409, "AlreadyExists")
     with pytest.raises(kube.NotFound):
-        kube.merge_patch("Deployment", NAMESPACE, "nope", {"spec": {}})
+        kube.merge_patch("Deployment", connected, "nope", {"spec": {}})
+    with pytest.raises(kube.KubeError) as invalid:
+        kube.merge_patch("ConfigMap", connected, "c", {"data": {"a": 1}})
+    assert (invalid.value.status, invalid.value.reason) == (422, "Invalid")
+    with pytest.raises(kube.KubeError) as refused:
+        kube.create({**config_map, "metadata": {"name": "Bad_Name", "namespace": connected}})
+    assert (refused.value.status, refused.value.reason) == (422, "Invalid")
+    assert "metadata.name" in str(refused.value)
     with pytest.raises(ValueError, match="unsupported kind"):
-        kube.get("Secret", NAMESPACE, "x")
+        kube.get("Secret", connected, "x")
 
 
 def test_set_traffic_patches_the_intent_and_the_status_is_separate(
-        connected: FakeApiServer) -> None:
-    connected.create(NAMESPACE, example())
-    assert kube.set_traffic("iris", NAMESPACE, "fallback")["spec"]["traffic"] == "fallback"
-    stored = kube.patch_status(NAMESPACE, "iris", {"status": {"activeModel": "primary"},
+        connected: str, admin: Client) -> None:
+    admin.create(example(namespace=connected))
+    assert kube.set_traffic("iris", connected, "fallback")["spec"]["traffic"] == "fallback"
+    stored = kube.patch_status(connected, "iris", {"status": {"activeModel": "primary"},
                                                    "spec": {"traffic": "primary"}})
     assert stored["spec"]["traffic"] == "fallback"  # a status write changes nothing else
     assert stored["status"] == {"activeModel": "primary"}
+    assert stored["metadata"]["generation"] == 2  # the status write is no new generation
+    with pytest.raises(kube.KubeError) as refused:  # the CRD's schema guards the status too
+        kube.patch_status(connected, "iris", {"status": {"activeModel": "canary"}})
+    assert refused.value.status == 422 and "activeModel" in str(refused.value)
     with pytest.raises(ValueError, match="role"):
-        kube.set_traffic("iris", NAMESPACE, "canary")
+        kube.set_traffic("iris", connected, "canary")
     with pytest.raises(kube.NotFound):
-        kube.set_traffic("nope", NAMESPACE, "fallback")
+        kube.set_traffic("nope", connected, "fallback")
 
 
-def test_the_namespace_defaults_to_the_context(connected: FakeApiServer, tmp_path: Path) -> None:
-    connected.create(None, {"apiVersion": "v1", "kind": "Namespace",
-                            "metadata": {"name": "team-a"}})
-    body = example()
-    body["metadata"]["namespace"] = "team-a"
-    connected.create("team-a", body)
-    config = {"apiVersion": "v1", "kind": "Config", "current-context": "a",
-              "clusters": [{"name": "f", "cluster": {"server": connected.url}}],
-              "users": [{"name": "u", "user": {"token": "t"}}],
-              "contexts": [{"name": "a", "context": {"cluster": "f", "user": "u",
-                                                     "namespace": "team-a"}},
-                           {"name": "b", "context": {"cluster": "f", "user": "u"}}]}
+def test_the_namespace_defaults_to_the_context(connected: str, cluster: ControlPlane,
+                                               admin: Client, tmp_path: Path) -> None:
+    admin.create(example(namespace=connected))
+    config = yaml.safe_load(cluster.admin.kubeconfig.read_text())
+    (context,) = config["contexts"]
+    context["context"]["namespace"] = connected
+    config["contexts"].append({"name": "b", "context": {"cluster": context["context"][
+        "cluster"], "user": context["context"]["user"]}})
     path = tmp_path / "contexts"
     path.write_text(yaml.safe_dump(config))
     kube.connect(kubeconfig=str(path))
-    assert kube.default_namespace() == "team-a"
-    assert kube.set_traffic("iris", None, "fallback")["metadata"]["namespace"] == "team-a"
+    assert kube.default_namespace() == connected
+    assert kube.set_traffic("iris", None, "fallback")["metadata"]["namespace"] == connected
     kube.connect(kubeconfig=str(path), context="b")
     assert kube.default_namespace() == "default"
 
 
-def test_events_are_best_effort(connected: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
-    owner = connected.create(NAMESPACE, example())
+def test_events_are_best_effort(connected: str, admin: Client,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    owner = admin.create(example(namespace=connected))
     kube.post_event(owner, type_="Normal", reason="Created", message="made it", now=NOW)
-    (event,) = connected.list("events", NAMESPACE)
+    (event,) = [e for e in admin.list("events", connected) if e["reason"] == "Created"]
     assert event["involvedObject"]["uid"] == owner["metadata"]["uid"]
-    assert (event["type"], event["reason"], event["message"]) == ("Normal", "Created", "made it")
+    assert (event["type"], event["message"]) == ("Normal", "made it")
     elsewhere = {**owner, "metadata": {**owner["metadata"], "namespace": "absent"}}
     with caplog.at_level(logging.WARNING, logger="tailguard_operator.kube"):
         kube.post_event(elsewhere, type_="Warning", reason="X", message="y", now=NOW)
@@ -112,7 +126,7 @@ def test_an_unreachable_server_and_missing_credentials_are_kube_errors(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     kube.connect(kubeconfig=str(path))
     with pytest.raises(kube.KubeError) as unreachable:
-        kube.get(spec.KIND, NAMESPACE, "iris")
+        kube.get(spec.KIND, "default", "iris")
     assert unreachable.value.reason == "Unreachable"
     with pytest.raises(kube.KubeError, match="no Kubernetes credentials"):
         kube.connect(kubeconfig=str(tmp_path / "absent"))
