@@ -131,7 +131,8 @@ def test_image_is_multi_stage_slim_non_root_without_compilers(image: str) -> Non
     required = PYPROJECT["project"]["requires-python"]
     assert required == ">=3.11"
     # Everything installs into a virtual environment that the final stage copies.
-    assert any("pip install ." in run for run in build.args("RUN"))
+    # ... pinned to the versions CI tests (constraints.txt).
+    assert any("pip install -c constraints.txt ." in run for run in build.args("RUN"))
     assert final.args("COPY") == ["--from=build /opt/tailguard /opt/tailguard"]
     assert final.env()["PATH"].startswith("/opt/tailguard/bin:")
     for run in final.args("RUN"):
@@ -146,8 +147,8 @@ def test_build_context_holds_what_the_image_copies_and_little_else(image: str) -
                 if line.strip() and not line.startswith("#")]
     build = dockerfile(DOCKERFILES[image])[1][0]
     sources = [src for copy in build.args("COPY") for src in copy.split()[:-1]]
-    assert sorted(sources) == ["README.md", "operator/tailguard_operator/", "pyproject.toml",
-                               "runtime/tailguard_runtime/"]
+    assert sorted(sources) == ["README.md", "constraints.txt", "operator/tailguard_operator/",
+                               "pyproject.toml", "runtime/tailguard_runtime/"]
     for source in sources:
         root = REPO / source
         assert root.exists(), source
