@@ -415,5 +415,8 @@ def run_operator(namespaces: Sequence[str] | None = None, *, peering: bool | str
     # Peers with equal priority all pause (kopf's rule), so each replica draws its own.
     priority = random.randint(1, 2**31 - 1) if peering else None
     kopf.run(clusterwide=not namespaces, namespaces=list(namespaces or ()),
-             standalone=not peering, peering_name=peering if isinstance(peering, str) else None,
+             # An empty name must reach kopf as None: any string makes peering mandatory,
+             # and kopf then pauses every watch until a peering object appears.
+             standalone=not peering, peering_name=peering if isinstance(peering, str) and peering
+             else None,
              priority=priority, memo=memo, liveness_endpoint=liveness_endpoint)

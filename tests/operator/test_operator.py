@@ -137,16 +137,16 @@ def test_resyncs_and_a_restart_with_nothing_to_change_write_nothing(scene: Scene
     """No exclusions: not a status, an Event, an annotation of kopf's, or a child."""
     body = example(namespace=scene.namespace, scaling={
         "minReplicas": 1, "maxReplicas": 1000, "targetQueueDepth": 1000, "behavior": BEHAVIOR})
-    with scene.operator():
+    with scene.operator(resync=True):
         start(scene, body)
         mark = scene.audit.mark()
         scene.wait(lambda: scene.passes(mark) >= 2, what="two resync passes",
                    timeout=10 * RESYNC_SECONDS)
-        scene.settle()
-    with scene.operator():
+        scene.settle(quiet=2 * RESYNC_SECONDS)
+    with scene.operator(resync=True):
         scene.wait(lambda: scene.passes(mark) >= 4, what="a resume and a resync after a restart",
                    timeout=10 * RESYNC_SECONDS)
-        scene.settle()
+        scene.settle(quiet=2 * RESYNC_SECONDS)
     assert scene.writes(mark) == []
     # The server rewrote the quantities (1000 is stored as 1k): compared by value, not text.
     hpa = scene.must_get("horizontalpodautoscalers", "iris-primary")
@@ -235,7 +235,7 @@ def test_a_child_the_watches_cannot_see_is_repaired_by_the_resync(scene: Scene) 
         "apiVersion": "v1", "kind": "ConfigMap", "name": "other",
         "uid": other_owner["metadata"]["uid"], "controller": True}]
     scene.create(theirs)
-    with scene.operator():
+    with scene.operator(resync=True):
         scene.create(example(namespace=scene.namespace))
         scene.wait(lambda: scene.condition("Ready").get("reason") == "ChildConflict",
                    what="ChildConflict")
@@ -484,10 +484,13 @@ def test_run_operator_hands_kopf_its_scope(monkeypatch: pytest.MonkeyPatch) -> N
     settings = OperatorSettings(runtime_image="registry.example/rt:1")
     handlers.run_operator(["team-a", "team-b"], settings=settings)
     handlers.run_operator(None, peering="tailguard", liveness_endpoint="http://0.0.0.0:8080/h")
-    first, second = calls
+    handlers.run_operator(None, peering="")  # what the chart passes without peering
+    first, second, third = calls
     assert (first["clusterwide"], first["namespaces"], first["standalone"]) == \
         (False, ["team-a", "team-b"], True)
     assert first["memo"].tailguard == settings
     assert (second["clusterwide"], second["standalone"], second["peering_name"]) == \
         (True, False, "tailguard")
     assert second["liveness_endpoint"] == "http://0.0.0.0:8080/h"
+    # Any peering name, even "", makes kopf's peering mandatory and pauses every watch.
+    assert (third["standalone"], third["peering_name"]) == (True, None)

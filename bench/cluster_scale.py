@@ -1,0 +1,138 @@
+"""The operator at scale on a real control plane: N InferenceServices on kwok nodes.
+
+    .venv/bin/python bench/cluster_scale.py                # 200 services (about 5 minutes)
+    .venv/bin/python bench/cluster_scale.py --services 20  # a smoke run
+
+Starts the same control plane as the tests (``tests/kubecluster``; binaries from
+``hack/kube/build.py``), installs the chart with the real helm, runs the operator as the chart
+deploys it (its ServiceAccount, its RBAC, its environment, the chart's default resync period
+unless ``--resync-seconds``), creates N InferenceServices at once and reports:
+
+- the time until every one is Ready (kwok marks the pods Running and Ready, the Deployment
+  controller counts them, the operator writes the status), and its p50/p99 per service;
+- API requests per InferenceService, reads and writes, from the API server's audit log;
+- the operator's peak resident memory (``VmHWM``);
+- writes while idle: every write the operator makes over ``--idle-seconds`` after the last
+  service is Ready (must be 0; the resync keeps reading).
+
+Everything listens on 127.0.0.1; every process started here is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "hack" / "kube"))
+
+from build import DEFAULT_TAG  # noqa: E402
+from kubecluster.audit import AuditLog  # noqa: E402
+from kubecluster.client import Client, wait_for  # noqa: E402
+from kubecluster.controlplane import ControlPlane, bindir  # noqa: E402
+from kubecluster.install import install  # noqa: E402
+
+import yaml  # noqa: E402
+
+
+def ready_times(admin: Client, namespace: str) -> dict[str, str]:
+    """name -> lastTransitionTime of Ready=True, for the services that are Ready."""
+    out = {}
+    for isvc in admin.list("inferenceservices", namespace):
+        for cond in (isvc.get("status") or {}).get("conditions") or []:
+            if cond["type"] == "Ready" and cond["status"] == "True":
+                out[isvc["metadata"]["name"]] = cond["lastTransitionTime"]
+    return out
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--services", type=int, default=200, help="InferenceServices (200)")
+    parser.add_argument("--tag", default=DEFAULT_TAG, help=f"Kubernetes release ({DEFAULT_TAG})")
+    parser.add_argument("--resync-seconds", type=float, default=None,
+                        help="operator resync period (default: the chart's, 120 s)")
+    parser.add_argument("--idle-seconds", type=float, default=150.0,
+                        help="how long to count writes while idle (150 s: more than one resync)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="give up after (s)")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tailguard-scale-"))
+    plane = ControlPlane(bindir(args.tag), work / "cluster", args.tag)
+    print(f"starting a {args.tag} control plane in {work} ...", flush=True)
+    plane.start()
+    result: dict[str, Any] = {"services": args.services, "kubernetes": args.tag}
+    try:
+        admin = Client(plane.admin.kubeconfig)
+        installation = install(plane, admin)
+        audit = AuditLog(plane.audit_log)
+        namespace = "scale"
+        admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        extra = {"TAILGUARD_RESYNC_SECONDS": str(args.resync_seconds)} \
+            if args.resync_seconds else {}
+        proc = installation.start_operator(work / "operator.log", extra)
+        example = yaml.safe_load((REPO / "examples" / "iris.yaml").read_text())
+        mark = audit.mark()
+        started = time.monotonic()
+        for i in range(args.services):
+            admin.create({**example, "metadata": {"name": f"iris-{i:04d}",
+                                                  "namespace": namespace}})
+        created_s = time.monotonic() - started
+        print(f"created {args.services} InferenceServices in {created_s:.1f} s; waiting for "
+              "Ready ...", flush=True)
+        last = -1
+        while True:
+            done = len(ready_times(admin, namespace))
+            if done != last:
+                print(f"  {done}/{args.services} Ready after {time.monotonic() - started:.0f} s",
+                      flush=True)
+                last = done
+            if done == args.services:
+                break
+            if time.monotonic() - started > args.timeout:
+                raise SystemExit(f"only {done}/{args.services} Ready after {args.timeout} s")
+            time.sleep(1)
+        all_ready_s = time.monotonic() - started
+        requests = audit.requests(mark, user=installation.user)
+        writes = [r for r in requests if r.verb in ("create", "patch", "update", "delete")]
+        result.update({
+            "create_all_s": round(created_s, 1),
+            "all_ready_s": round(all_ready_s, 1),
+            "requests_per_service": round(len(requests) / args.services, 1),
+            "writes_per_service": round(len(writes) / args.services, 1),
+            "reads_per_service": round((len(requests) - len(writes)) / args.services, 1),
+        })
+        idle_mark = audit.mark()
+        print(f"all Ready after {all_ready_s:.0f} s; counting writes for {args.idle_seconds:.0f} "
+              "s while idle ...", flush=True)
+        time.sleep(args.idle_seconds)
+        idle = audit.requests(idle_mark, user=installation.user)
+        idle_writes = [r for r in idle if r.verb in ("create", "patch", "update", "delete")]
+        result.update({
+            "idle_seconds": args.idle_seconds,
+            "idle_writes": len(idle_writes),
+            "idle_reads": len([r for r in idle if r.verb in ("get", "list")]),
+            "operator_peak_rss_mib": round(peak_rss_mib(proc.pid), 1),
+        })
+        assert installation.stop_operator(proc) == 0
+    finally:
+        plane.stop()
+    print(json.dumps(result, indent=2))
+    return 0 if result.get("idle_writes") == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
