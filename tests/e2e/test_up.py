@@ -166,7 +166,8 @@ def test_sigint_drains_and_exits_cleanly(tmp_path: Path) -> None:
     server = start_up(spec)
     assert httpx.get(f"{server.base}/v2/health/ready").status_code == 200
     assert server.stop(signal.SIGINT) == 0
-    assert "tailguard up: stopped" in "".join(server.printed)
+    assert ("tailguard up: drained 0 in-flight request(s); 0 answered 503 (0 cut off when the "
+            "grace period ended, 0 arrived while draining); stopped") in "".join(server.printed)
 
 
 @pytest.mark.parametrize("edit, needle", [
