@@ -177,9 +177,10 @@ class InferenceApp:
             headers = JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS
         else:
             headers = self.headers[resolved.role][0 if runtime.keep_alive else 1]
+        body = encode_error(exc.message)
         await send({"type": "http.response.start", "status": exc.status_code,
-                    "headers": headers + exc.headers})
-        await send({"type": "http.response.body", "body": encode_error(exc.message)})
+                    "headers": [*headers, *exc.headers, (b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
         if isinstance(exc, Draining) and not isinstance(exc, GraceEnded):
             runtime.refused_draining += 1
         if served is None:
