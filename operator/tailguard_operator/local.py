@@ -93,6 +93,9 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     except SpecError as exc:
         print(spec_error_text("tailguard up", path, exc), file=sys.stderr)
         return 2
+    traffic = logging.getLogger("tailguard_runtime.traffic")
+    if not traffic.isEnabledFor(logging.INFO):
+        traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says
     for line in not_applicable(written.get("spec") or {}):
         print(f"note: {line}", file=out)
     try:  # before the (possibly slow) model load, so a busy port fails at once
@@ -110,9 +113,6 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     base = f"http://{host}:{bound}"
     print(_banner(isvc, base, command), file=out, flush=True)
     live = out.isatty()
-    traffic = logging.getLogger("tailguard_runtime.traffic")
-    if not traffic.isEnabledFor(logging.INFO):
-        traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says
 
     async def started(server: DrainingServer) -> None:
         await report_status(runtime, out, 1.0 if live else float(isvc.slo.window_seconds), live)
