@@ -225,3 +225,16 @@ def test_ctrl_c_reports_drained_and_503_counts(tmp_path: Path) -> None:
             "grace period ended, 1 arrived while draining); stopped") in up.text(), up.text()
     assert np.asarray(held[0].json()["predictions"]).tolist() == [0]
     assert re.search(r"(?m)^tailguard up: drained", up.text())
+
+
+def test_a_spec_that_starts_on_the_fallback_logs_that_switch(tmp_path: Path) -> None:
+    spec = tmp_path / "iris-fallback.yaml"
+    spec.write_text(IRIS.read_text() + "  traffic: fallback\n")
+    up = start_up(spec)
+    try:
+        found = up.wait_for(SWITCH_LINE)
+        assert [(m.group(1), m.group(2), m.group(3)) for m in found] == [
+            ("primary", "fallback", "spec")], up.text()
+        assert predict(up).headers["x-tailguard-role"] == "fallback"
+    finally:
+        assert up.stop() == 0
