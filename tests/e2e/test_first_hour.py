@@ -238,3 +238,10 @@ def test_a_spec_that_starts_on_the_fallback_logs_that_switch(tmp_path: Path) -> 
         assert predict(up).headers["x-tailguard-role"] == "fallback"
     finally:
         assert up.stop() == 0
+
+
+def test_the_switch_route_refuses_a_who_that_is_not_one_word(iris: Up) -> None:
+    reply = httpx.post(f"{iris.base}/tailguard/traffic", timeout=30,
+                       json={"name": "iris", "activeModel": "fallback", "by": "cli at=yesterday"})
+    assert reply.status_code == 400 and "one short lowercase word" in reply.json()["error"]
+    assert httpx.get(f"{iris.base}/tailguard/traffic", timeout=30).json()["activeModel"] == "primary"
