@@ -28,14 +28,15 @@ GUARD_FIELDS = ("rollback", "slo.breachWindows", "slo.recoverWindows", "slo.minS
 """Fields read only by the automatic SLO guard, which is not built yet."""
 
 
-def not_applicable(raw_spec: dict[str, Any]) -> list[str]:
-    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply."""
+def not_applicable(raw_spec: dict[str, Any], command: str = "tailguard") -> list[str]:
+    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply;
+    ``command`` spells the ``tailguard`` command in them."""
     lines = [f"spec.{key}: not applicable locally ({why})"
              for key, why in CLUSTER_ONLY.items() if key in raw_spec]
     guard = [f"spec.{path}" for path in GUARD_FIELDS if _has(raw_spec, path)]
     if guard:
         lines.append(f"{', '.join(guard)}: not applied yet (the automatic SLO guard is not built "
-                     "yet; switch traffic by hand with `tailguard rollback`)")
+                     f"yet; switch traffic by hand with `{command} rollback`)")
     return lines
 
 
@@ -51,9 +52,9 @@ def status_line(runtime: Runtime, now: float) -> str:
     """One line: active model, p99 and p50 (ms), queue depth (rows), admitted req/s, refusals."""
     served = runtime.active
     snap = served.stats.snapshot(now, served.batcher.queue_depth)
-    p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}"
-    p50 = "-" if snap["p50Ms"] is None else f"{snap['p50Ms']:.1f}"
-    return (f"{runtime.name}: active={runtime.active_role} p99={p99}ms p50={p50}ms "
+    p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}ms"
+    p50 = "-" if snap["p50Ms"] is None else f"{snap['p50Ms']:.1f}ms"
+    return (f"{runtime.name}: active={runtime.active_role} p99={p99} p50={p50} "
             f"queue={snap['queueDepth']} req/s={snap['requestsPerSecond']:.0f} "
             f"errors={snap['errors']} rejected={snap['rejectedTotal']} "
             f"(last {snap['windowSeconds']:.0f}s)")
@@ -96,7 +97,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     traffic = logging.getLogger("tailguard_runtime.traffic")
     if not traffic.isEnabledFor(logging.INFO):
         traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says
-    for line in not_applicable(written.get("spec") or {}):
+    for line in not_applicable(written.get("spec") or {}, command):
         print(f"note: {line}", file=out)
     try:  # before the (possibly slow) model load, so a busy port fails at once
         sock = bind_socket(host, port)
