@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from up_harness import ROOT, WAIT_S, Up, run_cli, start_up
+from up_harness import ROOT, TAILGUARD, WAIT_S, Up, run_cli, start_up
 
 IRIS = ROOT / "examples" / "iris.yaml"
 SWITCH_LINE = (r"traffic switched service=iris from=(\w+) to=(\w+) by=(\w+) "
@@ -122,7 +122,8 @@ def test_status_of_another_name_or_port_is_one_line(iris: Up) -> None:
 
 GATE_MODULE = "tg_e2e_gate"
 GATE_SOURCE = '''
-"""A classifier whose rows with x[0] == -1 wait for a file to exist (tests/e2e/test_first_hour.py)."""
+"""A classifier whose rows with x[0] == -1 wait for the file ``gate`` to exist, and whose loading
+waits for the file ``load_gate`` (when set) (tests/e2e/test_first_hour.py)."""
 
 import os
 import time
@@ -131,9 +132,20 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 
+def _wait(path):
+    end = time.monotonic() + 120
+    while path and not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 class GateClassifier(ClassifierMixin, BaseEstimator):
-    def __init__(self, gate=""):
+    def __init__(self, gate="", load_gate=""):
         self.gate = gate
+        self.load_gate = load_gate
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        _wait(self.load_gate)
 
     def fit(self, X, y):
         self.classes_ = np.unique(np.asarray(y))
@@ -143,9 +155,7 @@ class GateClassifier(ClassifierMixin, BaseEstimator):
     def predict_proba(self, X):
         X = np.asarray(X, dtype=np.float64)
         if (X[:, 0] == -1).any():
-            end = time.monotonic() + 120
-            while not os.path.exists(self.gate) and time.monotonic() < end:
-                time.sleep(0.01)
+            _wait(self.gate)
         proba = np.zeros((len(X), len(self.classes_)))
         proba[:, 0] = 1.0
         return proba
@@ -155,17 +165,19 @@ class GateClassifier(ClassifierMixin, BaseEstimator):
 '''
 
 
-def gated_spec(folder: Path) -> tuple[Path, Path]:
-    """An InferenceService whose primary holds a row with x[0] == -1 until ``gate`` exists,
-    with iris's logistic regression (4 features, classes 0..2) as its fallback."""
+def gated_spec(folder: Path, load_gate: Path | None = None) -> tuple[Path, Path]:
+    """An InferenceService whose primary holds a row with x[0] == -1 until ``gate`` exists
+    (and, with ``load_gate``, does not finish loading until that file exists), with iris's
+    logistic regression (4 features, classes 0..2) as its fallback."""
     (folder / f"{GATE_MODULE}.py").write_text(GATE_SOURCE, encoding="utf-8")
     gate = folder / "gate-open"
     done = subprocess.run(
         [sys.executable, "-c",
          "import sys, joblib, numpy as np; sys.path.insert(0, sys.argv[1]); "
          f"from {GATE_MODULE} import GateClassifier; "
-         "joblib.dump(GateClassifier(sys.argv[2]).fit(np.zeros((3, 4)), [0, 1, 2]), sys.argv[3])",
-         str(folder), str(gate), str(folder / "gate.joblib")],
+         "joblib.dump(GateClassifier(sys.argv[2], sys.argv[4]).fit(np.zeros((3, 4)), [0, 1, 2]), "
+         "sys.argv[3])",
+         str(folder), str(gate), str(folder / "gate.joblib"), str(load_gate or "")],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     model = folder / "gate.joblib"
@@ -245,3 +257,25 @@ def test_the_switch_route_refuses_a_who_that_is_not_one_word(iris: Up) -> None:
                        json={"name": "iris", "activeModel": "fallback", "by": "cli at=yesterday"})
     assert reply.status_code == 400 and "one short lowercase word" in reply.json()["error"]
     assert httpx.get(f"{iris.base}/tailguard/traffic", timeout=30).json()["activeModel"] == "primary"
+
+
+def test_ctrl_c_while_a_model_loads_is_one_line(tmp_path: Path) -> None:
+    load_gate = tmp_path / "never-created"
+    spec, _ = gated_spec(tmp_path, load_gate)
+    proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("loading primary"):
+                break
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C; the load cannot finish without the gate
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert err == "tailguard up: interrupted\n", err
+    assert not load_gate.exists()
