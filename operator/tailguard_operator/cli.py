@@ -23,7 +23,10 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from .kube import KubeError
 
 DEFAULT_PORT = 8080
 
@@ -227,7 +230,7 @@ def _local(args: argparse.Namespace, method: str, path: str,
     return doc
 
 
-def kube_problem(exc: Any, name: str, verb: str) -> str:
+def kube_problem(exc: KubeError, name: str, verb: str) -> str:
     """One line for a :class:`~tailguard_operator.kube.KubeError` (``status``, ``reason``,
     message): no credentials, an unreachable API server (its address and the socket error), a
     missing InferenceService or CRD, or the API server's own refusal."""
