@@ -9,6 +9,7 @@ line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains and ex
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from typing import Any, TextIO
@@ -27,14 +28,15 @@ GUARD_FIELDS = ("rollback", "slo.breachWindows", "slo.recoverWindows", "slo.minS
 """Fields read only by the automatic SLO guard, which is not built yet."""
 
 
-def not_applicable(raw_spec: dict[str, Any]) -> list[str]:
-    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply."""
+def not_applicable(raw_spec: dict[str, Any], command: str = "tailguard") -> list[str]:
+    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply;
+    ``command`` spells the ``tailguard`` command in them."""
     lines = [f"spec.{key}: not applicable locally ({why})"
              for key, why in CLUSTER_ONLY.items() if key in raw_spec]
     guard = [f"spec.{path}" for path in GUARD_FIELDS if _has(raw_spec, path)]
     if guard:
         lines.append(f"{', '.join(guard)}: not applied yet (the automatic SLO guard is not built "
-                     "yet; switch traffic by hand with `tailguard rollback`)")
+                     f"yet; switch traffic by hand with `{command} rollback`)")
     return lines
 
 
@@ -50,9 +52,9 @@ def status_line(runtime: Runtime, now: float) -> str:
     """One line: active model, p99 and p50 (ms), queue depth (rows), admitted req/s, refusals."""
     served = runtime.active
     snap = served.stats.snapshot(now, served.batcher.queue_depth)
-    p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}"
-    p50 = "-" if snap["p50Ms"] is None else f"{snap['p50Ms']:.1f}"
-    return (f"{runtime.name}: active={runtime.active_role} p99={p99}ms p50={p50}ms "
+    p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}ms"
+    p50 = "-" if snap["p50Ms"] is None else f"{snap['p50Ms']:.1f}ms"
+    return (f"{runtime.name}: active={runtime.active_role} p99={p99} p50={p50} "
             f"queue={snap['queueDepth']} req/s={snap['requestsPerSecond']:.0f} "
             f"errors={snap['errors']} rejected={snap['rejectedTotal']} "
             f"(last {snap['windowSeconds']:.0f}s)")
@@ -70,9 +72,16 @@ async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: 
         out.flush()
 
 
-def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
+def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: str = "tailguard",
+       port_hint: str = "use --port to pick another port") -> int:
     """Serve the InferenceService in ``path`` until interrupted. Returns the exit code:
-    0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port."""
+    0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port.
+
+    ``command`` is how the banner spells the ``tailguard`` command so that its lines run as
+    printed (e.g. ``.venv/bin/tailguard``); ``port_hint`` ends the busy-port line (``make up``
+    names ``PORT=``). Traffic switches are logged (logger ``tailguard_runtime.traffic``) and
+    Ctrl-C prints the drain's counts.
+    """
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -83,17 +92,18 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
         written = find_object(text, path)
         isvc = parse(written)
     except SpecError as exc:
-        print(f"tailguard up: {path} is not a valid InferenceService:", file=sys.stderr)
-        for line in exc.errors:
-            print(f"  {line}", file=sys.stderr)
+        print(spec_error_text("tailguard up", path, exc), file=sys.stderr)
         return 2
-    for line in not_applicable(written.get("spec") or {}):
+    traffic = logging.getLogger("tailguard_runtime.traffic")
+    if not traffic.isEnabledFor(logging.INFO):
+        traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says
+    for line in not_applicable(written.get("spec") or {}, command):
         print(f"note: {line}", file=out)
     try:  # before the (possibly slow) model load, so a busy port fails at once
         sock = bind_socket(host, port)
     except OSError as exc:
-        print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} "
-              "(use --port to pick another port)", file=sys.stderr)
+        print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} ({port_hint})",
+              file=sys.stderr)
         return 2
     limit_threads()
     runtime = _load(isvc, out)
@@ -102,7 +112,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
         return 2
     bound = sock.getsockname()[1]
     base = f"http://{host}:{bound}"
-    print(_banner(isvc, base), file=out, flush=True)
+    print(_banner(isvc, base, command), file=out, flush=True)
     live = out.isatty()
 
     async def started(server: DrainingServer) -> None:
@@ -111,8 +121,17 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
     run(serve(runtime, sock, on_started=started))
     if live:
         out.write("\n")
-    print("tailguard up: stopped", file=out, flush=True)
+    report = runtime.drain_report
+    print(f"tailguard up: {report.line() + '; ' if report else ''}stopped", file=out, flush=True)
     return 0
+
+
+def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
+    """A refused spec for people: one line for one problem, else a heading and one line each."""
+    if len(exc.errors) == 1:
+        return f"{prefix}: {path} is not a valid InferenceService: {exc.errors[0]}"
+    return "\n".join([f"{prefix}: {path} is not a valid InferenceService "
+                      f"({len(exc.errors)} problems):", *(f"  {line}" for line in exc.errors)])
 
 
 def _load(isvc: InferenceService, out: TextIO) -> Runtime | None:
@@ -131,12 +150,13 @@ def _load(isvc: InferenceService, out: TextIO) -> Runtime | None:
         print(f"tailguard up: {exc}", file=sys.stderr)
         return None
     if isvc.traffic == "fallback":
-        runtime.switch("fallback")
+        runtime.switch("fallback", by="spec")
     return runtime
 
 
-def _banner(isvc: InferenceService, base: str) -> str:
+def _banner(isvc: InferenceService, base: str, command: str) -> str:
     b = isvc.batching
+    port = "" if base.endswith(":8080") else f" --port {base.rsplit(':', 1)[1]}"
     return "\n".join([
         f"serving InferenceService {isvc.name} on {base} (traffic -> {isvc.traffic})",
         f"  v2 infer   POST {base}/v2/models/{isvc.name}/infer",
@@ -146,7 +166,8 @@ def _banner(isvc: InferenceService, base: str) -> str:
         f"  batching   maxBatchSize={b.max_batch_size} maxWaitMs={b.max_wait_ms:g} "
         f"maxQueueSize={b.max_queue_size} timeoutMs={b.timeout_ms:g}; "
         f"SLO p99 {isvc.slo.p99_latency_ms} ms",
-        f"  roll back  tailguard rollback {isvc.name}"
-        + ("" if base.endswith(":8080") else f" --port {base.rsplit(':', 1)[1]}"),
+        f"  roll back  {command} rollback {isvc.name}{port}",
+        f"  and back   {command} rollforward {isvc.name}{port}",
+        f"  status     {command} status {isvc.name}{port}",
         "Ctrl-C drains and stops.",
     ])

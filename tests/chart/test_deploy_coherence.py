@@ -286,7 +286,7 @@ def _operator_kopf_run(helm: Helm, monkeypatch: pytest.MonkeyPatch, values: dict
     pod ``pod``, up to the call of ``kopf.run``; return that call's keyword arguments."""
     import kopf
 
-    from tailguard_operator import cli
+    from tailguard_operator import cli, kube
 
     env = env_of(operator_container(helm.template(values)))
     for var in CLI_ENV:
@@ -296,6 +296,8 @@ def _operator_kopf_run(helm: Helm, monkeypatch: pytest.MonkeyPatch, values: dict
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "configure", lambda **_: None)
     monkeypatch.setattr(kopf, "run", lambda *a, **kw: calls.append({"args": a, **kw}))
+    # `tailguard operator` checks credentials before kopf starts; there are none here
+    monkeypatch.setattr(kube, "connect", lambda **_: None)
     cli.main(["operator"])
     assert len(calls) == 1 and not calls[0]["args"], calls
     return calls[0]

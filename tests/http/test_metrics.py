@@ -154,7 +154,13 @@ def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, 
     for p in ("p50Ms", "p95Ms", "p99Ms"):
         assert isinstance(primary[p], (int, float))
     assert primary["p50Ms"] <= primary["p95Ms"] <= primary["p99Ms"]
-    assert primary["p99Ms"] >= 800  # the slow request is among the samples
+    # the slow request is among the samples: above the 0.75 s bucket. (Not "p99Ms >= 800": over
+    # 7 samples np.percentile interpolates 0.94 * slowest + 0.06 * next, under 800 ms whenever
+    # the queued request arrived late in the slow batch.)
+    histogram = primary["latencyHistogram"]
+    above = histogram["bucketsSeconds"].index(0.75)
+    assert histogram["counts"][above] < primary["samples"]
+    assert primary["p99Ms"] >= 0.94 * 800
     assert primary["rejected"] == {"invalid_input": 2, "too_large": 1}
     assert primary["rejectedTotal"] == 3
     assert primary["errors"] == 0 and primary["errorRate"] == 0
