@@ -108,23 +108,24 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
         ready={role: reconcile.ready_replicas(d) for role, d in deployments.items()},
         min_replicas=isvc.scaling.min_replicas, max_replicas=isvc.scaling.max_replicas)
 
-    created, patched, conflicts, refused = [], [], [], []
+    done: dict[str, list[str]] = {"created": [], "patched": [], "conflict": [], "refused": []}
     for desired in manifests.children(isvc, owner, settings, active_role=plan.active,
                                       min_replicas=plan.min_replicas):
         key = _key(desired)
         label = "/".join(key)
         try:
-            change = _apply_child(desired, live[key], owner)
+            action, stored = _apply_child(desired, live[key], owner)
         except kube.KubeError as exc:
             if exc.status == 0:  # unreachable: nothing to report to the object; retry
                 raise
-            refused.append(f"{label}: {exc}")
+            done["refused"].append(f"{label}: {exc}")
             continue
-        if change == "conflict":
-            conflicts.append(label)
-        elif change is not None:
-            live[key] = change[1]
-            (created if change[0] == "created" else patched).append(label)
+        if stored is not None:
+            live[key] = stored
+        if action is not None:
+            done[action].append(label)
+    created, patched, conflicts, refused = (done["created"], done["patched"], done["conflict"],
+                                            done["refused"])
 
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
@@ -141,27 +142,29 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
 
 
 def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
-                 owner: manifests.Owner) -> tuple[str, dict[str, Any]] | str | None:
-    """Create or patch one child: ``("created"|"patched", stored)``, ``"conflict"`` when
-    another owner controls it (left alone), ``None`` when it already matches.
+                 owner: manifests.Owner) -> tuple[str | None, dict[str, Any] | None]:
+    """Create or patch one child. Returns what was done (``"created"``, ``"patched"``,
+    ``"conflict"`` when another owner controls it and it was left alone, ``None`` when it
+    already matched) and the object as stored now (``None``: unchanged).
 
     Raises:
         kube.KubeError: the API server refused the create or the patch.
     """
     kind, name = _key(desired)
     namespace = desired["metadata"]["namespace"]
+    fresh = None
     if found is None:
         try:
             return "created", kube.create(desired)
         except kube.Conflict:  # created meanwhile: compare with what is there now
-            found = kube.get(kind, namespace, name)
+            found = fresh = kube.get(kind, namespace, name)
             if found is None:
                 raise
     if reconcile.controller_uid(found) not in (None, owner.uid):
-        return "conflict"
+        return "conflict", fresh
     patch = reconcile.merge_patch(desired, found)
     if patch is None:
-        return None
+        return None, fresh
     return "patched", kube.merge_patch(kind, namespace, name, patch)
 
 
@@ -282,7 +285,7 @@ def _known(memo: Any) -> KnownServices:
     known = getattr(memo, "known_services", None)
     if known is None:
         known = memo.known_services = KnownServices()
-    return known  # type: ignore[no-any-return]
+    return known
 
 
 def resync_targets(namespaces: Sequence[str], known: KnownServices) -> list[tuple[str, str]]:
