@@ -494,3 +494,29 @@ def test_run_operator_hands_kopf_its_scope(monkeypatch: pytest.MonkeyPatch) -> N
     assert second["liveness_endpoint"] == "http://0.0.0.0:8080/h"
     # Any peering name, even "", makes kopf's peering mandatory and pauses every watch.
     assert (third["standalone"], third["peering_name"]) == (True, None)
+
+
+def test_tailguard_status_cluster_reads_what_the_operator_wrote(scene: Scene) -> None:
+    tailguard = Path(sys.executable).with_name("tailguard")
+    env = {"KUBECONFIG": str(scene.installation.cluster.admin.kubeconfig), "PATH": ""}
+
+    def status() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(tailguard), "status", "iris", "--cluster", "-n",
+                               scene.namespace], capture_output=True, text=True, timeout=60,
+                              env=env)
+
+    scene.create(example(namespace=scene.namespace))
+    early = status()  # no operator yet: no status, and it says so
+    assert early.returncode == 0 and "no status yet" in early.stdout, early.stderr
+    with scene.operator():
+        scene.wait(lambda: scene.condition("Ready").get("status") == "True", what="Ready")
+        done = status()
+    assert done.returncode == 0, done.stderr
+    assert f"{scene.namespace}/iris: traffic -> primary (intent primary)" in done.stdout
+    assert f"url: http://iris.{scene.namespace}.svc/v2/models/iris/infer" in done.stdout
+    assert "Ready=True (Serving)" in done.stdout
+    assert "not in the status yet" in done.stdout  # no invented numbers
+    missing = subprocess.run([str(tailguard), "status", "nope", "--cluster", "-n",
+                              scene.namespace], capture_output=True, text=True, timeout=60,
+                             env=env)
+    assert missing.returncode != 0 and len(missing.stderr.strip().splitlines()) == 1
