@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import signal
 import sys
 import tempfile
 import time
@@ -69,6 +69,7 @@ def main() -> int:
                         help="how long to count writes while idle (150 s: more than one resync)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after (s)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below
 
     work = Path(tempfile.mkdtemp(prefix="tailguard-scale-"))
     plane = ControlPlane(bindir(args.tag), work / "cluster", args.tag)

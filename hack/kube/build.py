@@ -89,14 +89,16 @@ def pin_digest(tag: str) -> str:
 
 
 def find_go() -> str:
-    """The ``go`` command, at least Go 1.26.
+    """The ``go`` command, at least Go 1.26: ``$GO`` if set, else ``go`` on PATH, else the
+    usual install places.
 
     Raises:
         BuildError: no Go, or too old a Go.
     """
-    go = shutil.which("go") or next(
-        (p for p in ("/usr/local/go/bin/go", "/usr/lib/go/bin/go") if os.access(p, os.X_OK)),
-        None)
+    explicit = os.environ.get("GO")
+    go = (explicit if explicit and os.access(explicit, os.X_OK) else None) if explicit else (
+        shutil.which("go") or next((p for p in ("/usr/local/go/bin/go", "/usr/lib/go/bin/go")
+                                    if os.access(p, os.X_OK)), None))
     if go is None:
         raise BuildError("the tests run a Kubernetes control plane built from source and need Go "
                          f"{MIN_GO[0]}.{MIN_GO[1]} or newer: no `go` on PATH "

@@ -15,9 +15,11 @@ cluster IP leads nowhere. Every process is ended by its PID in :meth:`ControlPla
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -36,6 +38,7 @@ SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODES = ("kwok-node-0", "kwok-node-1")
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+NODE_SIZE = {"cpu": "1k", "memory": "4Ti", "pods": "2k"}
 START_TIMEOUT_S = 90.0
 """How long the whole control plane may take to become usable (it needs about 10 s here)."""
 
@@ -195,7 +198,7 @@ class ControlPlane:
         log = open(self.workdir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (child owns it)
         proc = subprocess.Popen([self.binary(name.split("#")[0]), *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.workdir)
+                                cwd=self.workdir, preexec_fn=_end_with_parent)
         log.close()
         self._procs.append((name, proc))
         return proc
@@ -276,8 +279,9 @@ class ControlPlane:
                              "labels": {"kubernetes.io/hostname": name, "type": "kwok",
                                         "kubernetes.io/os": "linux",
                                         "kubernetes.io/arch": "amd64"}},
-                "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "pods": "250"},
-                           "capacity": {"cpu": "16", "memory": "64Gi", "pods": "250"}},
+                # Room for hundreds of runtime pods (kwok's own default size): nothing here
+                # runs them, and tests make pods wait by cordoning, not by filling nodes.
+                "status": {"allocatable": NODE_SIZE, "capacity": NODE_SIZE},
             }
             self.kubectl("create", "-f", "-", input=json.dumps(node))
 
@@ -329,6 +333,13 @@ class ControlPlane:
             if conditions.get("Ready") != "True" or "node.kubernetes.io/not-ready" in taints:
                 return False
         return True
+
+
+def _end_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the process that started it
+    dies (``PR_SET_PDEATHSIG``), so a killed test run leaves no control plane behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
