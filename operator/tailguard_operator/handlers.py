@@ -7,8 +7,9 @@ every change of a child (the watch on the children restores a child deleted or e
 and notices when a role's pods become Ready, which is what a pending traffic switch waits for).
 There is no kopf timer, daemon or delete handler: kopf would add a finalizer for any of them,
 and deleting an InferenceService must work while the operator is down (children go by their
-owner references). A plain task started with the operator, :func:`resync`, reconciles every
-known InferenceService every ``resync_seconds`` instead, which repairs what a watch missed.
+owner references). A plain task started with the operator, :func:`resync`, lists and
+reconciles every InferenceService in scope every ``resync_seconds`` instead, which repairs what
+a watch missed.
 
 Run it with ``tailguard operator`` (:func:`run_operator`) or ``kopf run -m
 tailguard_operator.handlers``. Handlers return nothing, so kopf stores no results in the status.
@@ -388,8 +389,39 @@ def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, m
     owner = _owner_name(body)
     if type is None or owner is None or namespace is None:
         return
+    if not _seen(memo).changed(type, body):
+        return  # a status write that no pass reads (the HPA controller's, every few seconds)
     _known(memo).add(namespace, owner)
     reconcile_service(namespace, owner, memo.tailguard)
+
+
+class SeenChildren:
+    """The :func:`reconcile.fingerprint` of each child last reacted to, by uid."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prints: dict[str, str] = {}
+
+    def changed(self, event_type: str, body: Mapping[str, Any]) -> bool:
+        """Whether this event of a child can change a reconcile pass (a deletion always can);
+        records it."""
+        uid = str((body.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            if event_type == "DELETED":
+                self._prints.pop(uid, None)
+                return True
+            print_ = reconcile.fingerprint(body)
+            if self._prints.get(uid) == print_:
+                return False
+            self._prints[uid] = print_
+            return True
+
+
+def _seen(memo: Any) -> SeenChildren:
+    seen = getattr(memo, "seen_children", None)
+    if seen is None:
+        seen = memo.seen_children = SeenChildren()
+    return seen
 
 
 for _group, _version, _plural in _CHILDREN:

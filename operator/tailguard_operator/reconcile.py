@@ -23,6 +23,7 @@ The caller reads and writes; nothing here does I/O, reads the clock or logs.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -89,6 +90,23 @@ def desired_replicas(deployment: Mapping[str, Any] | None) -> int:
     if not deployment:
         return 0
     return int((deployment.get("spec") or {}).get("replicas") or 0)
+
+
+READ_STATUS: Mapping[str, tuple[str, ...]] = {"Deployment": ("replicas", "readyReplicas")}
+"""The only status fields of a child that a reconcile pass reads, per kind."""
+_VOLATILE_METADATA = ("resourceVersion", "managedFields", "generation")
+
+
+def fingerprint(live: Mapping[str, Any]) -> str:
+    """What of a live child a reconcile pass can react to, as a string: everything but its
+    ``status`` (except the fields in :data:`READ_STATUS`) and the metadata that changes with
+    every write. Two events of a child with the same fingerprint need one reconcile, not two:
+    the HPA controller, for one, rewrites every HPA's status every few seconds."""
+    meta = {k: v for k, v in (live.get("metadata") or {}).items() if k not in _VOLATILE_METADATA}
+    status = live.get("status") or {}
+    kept = {k: status.get(k) for k in READ_STATUS.get(str(live.get("kind")), ())}
+    rest = {k: v for k, v in live.items() if k not in ("metadata", "status")}
+    return json.dumps([meta, kept, rest], sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)

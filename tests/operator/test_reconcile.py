@@ -193,3 +193,25 @@ def test_quantities_the_server_rewrote_are_not_differences() -> None:
                                   "data": {"x": "1000"}},
                                  {"kind": "ConfigMap", "metadata": {"name": "c"},
                                   "data": {"x": "1k"}}) == {"data": {"x": "1000"}}
+
+
+def test_a_status_write_nobody_reads_leaves_the_fingerprint_alone() -> None:
+    hpa = stored(desired("HorizontalPodAutoscaler"))
+    before = reconcile.fingerprint(hpa)
+    rewritten = copy.deepcopy(hpa)
+    rewritten["metadata"]["resourceVersion"] = "999"
+    rewritten["status"] = {"currentReplicas": 1, "conditions": [{"type": "AbleToScale"}]}
+    assert reconcile.fingerprint(rewritten) == before
+    edited = copy.deepcopy(hpa)
+    edited["spec"]["maxReplicas"] = 50
+    assert reconcile.fingerprint(edited) != before
+    labelled = copy.deepcopy(hpa)
+    labelled["metadata"]["labels"]["team"] = "x"
+    assert reconcile.fingerprint(labelled) != before
+    deployment = stored(desired("Deployment"))
+    ready = copy.deepcopy(deployment)
+    ready["status"] = {"replicas": 1, "readyReplicas": 1, "observedGeneration": 1}
+    assert reconcile.fingerprint(ready) != reconcile.fingerprint(deployment)
+    ready_again = copy.deepcopy(ready)
+    ready_again["status"]["observedGeneration"] = 2
+    assert reconcile.fingerprint(ready_again) == reconcile.fingerprint(ready)
