@@ -170,7 +170,7 @@ class InferenceApp:
         # admitted = the request reached the queue; its latency counts toward the SLO
         if admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
             served.metrics.request_duration(now - arrival)
-            served.stats.admitted(now, now - arrival, False)
+            served.stats.admitted(now, now - arrival, False, exc.reason)
         else:
             served.stats.refused(now, exc.reason)
 
@@ -240,7 +240,8 @@ def build_app(runtime: Runtime) -> InferenceApp:
         return {"name": runtime.name, "activeModel": runtime.active_role,
                 "ready": runtime.ready and not runtime.draining,
                 "models": {role: s.stats.snapshot(now, s.batcher.queue_depth)
-                           for role, s in runtime.models.items()}}
+                           for role, s in runtime.models.items()},
+                "totals": runtime.totals(now)}
 
     if runtime.settings.control_routes:
         @api.get("/tailguard/traffic")

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
-from typing import Callable
+from typing import Any, Callable
 
 from . import metrics
 from .batcher import Batcher
@@ -71,7 +71,8 @@ class Runtime:
                                        active=partial(self._is_active, model.role))
             self.models[model.role] = ServedModel(model.role, model.version, predictor, batcher,
                                                   role_metrics,
-                                                  WindowStats(settings.stats_window_seconds))
+                                                  WindowStats(settings.stats_window_seconds,
+                                                              slo_s=slo_s))
 
     def _is_active(self, role: str) -> float:
         return 1.0 if self.active_role == role else 0.0
@@ -94,6 +95,12 @@ class Runtime:
             raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
                                 f"version {served.version!r}")
         return served
+
+    def totals(self, now: float) -> dict[str, Any]:
+        """Cumulative counts per role (:meth:`~tailguard_runtime.stats.Totals.snapshot`), read at
+        ``now`` (``perf_counter`` seconds): what the SLO guard differences into windows."""
+        return {role: served.stats.totals.snapshot(served.batcher.queue_row_seconds(now))
+                for role, served in self.models.items()}
 
     def switch(self, role: str) -> bool:
         """Send new requests to ``role``; requests already admitted finish where they are.

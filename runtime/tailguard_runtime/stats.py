@@ -1,15 +1,19 @@
-"""Sliding-window statistics for the JSON stats endpoint and the SLO guard.
+"""Request statistics of one served model: a sliding window for people, cumulative totals for
+the SLO guard.
 
 Admitted requests (answered 200, 504 or a model error) contribute their latency; refusals
 (429, 413, 4xx input errors, 503) are counted apart, so shedding load never looks like meeting the
-SLO. Percentiles are exact over the window's samples; the latency histogram uses the Prometheus
-buckets so several replicas' windows can be merged by adding counts.
+SLO. :class:`WindowStats` gives exact percentiles over a sliding window (the status line, the
+JSON stats endpoint). :class:`Totals` only ever grows: the guard differences two reads to get one
+window, so windows never overlap and several replicas sum exactly; its latency histogram has the
+SLO itself as a bucket edge, so "slower than the SLO" is an exact count, not an interpolation.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -27,8 +31,12 @@ class WindowStats:
     O(1) (a write into preallocated arrays); :meth:`snapshot` is vectorised over the window.
     """
 
-    def __init__(self, window_s: float, capacity: int = CAPACITY) -> None:
+    def __init__(self, window_s: float, capacity: int = CAPACITY,
+                 slo_s: float | None = None) -> None:
         self.window_s = window_s
+        self.totals = Totals(latency_bounds_s(slo_s))
+        """Cumulative counts since start, for the SLO guard (``slo_s``: the SLO in seconds,
+        made a bucket edge)."""
         self._times = np.full(capacity, -np.inf)
         self._latencies = np.zeros(capacity)
         self._ok = np.zeros(capacity, dtype=bool)
@@ -36,8 +44,10 @@ class WindowStats:
         self._capacity = capacity
         self._refused: deque[tuple[float, str]] = deque(maxlen=capacity)
 
-    def admitted(self, now: float, latency_s: float, ok: bool) -> None:
-        """Record an admitted request answered at ``now``; ``ok`` is False for 504/model errors."""
+    def admitted(self, now: float, latency_s: float, ok: bool, reason: str | None = None) -> None:
+        """Record an admitted request answered at ``now``; ``ok`` is False for 504/model errors,
+        ``reason`` then the failure's slug (``deadline_exceeded``, ``model_error``, ...)."""
+        self.totals.admit(latency_s, None if ok else (reason or "internal"))
         i = self._next
         self._times[i] = now
         self._latencies[i] = latency_s
@@ -46,6 +56,7 @@ class WindowStats:
 
     def refused(self, now: float, reason: str) -> None:
         """Record a request refused without reaching the model."""
+        self.totals.refuse(reason)
         self._refused.append((now, reason))
 
     def snapshot(self, now: float, queue_depth: int) -> dict[str, Any]:
@@ -87,3 +98,60 @@ class WindowStats:
 
 
 _BOUNDS = np.asarray(LATENCY_BUCKETS_S)
+
+
+def latency_bounds_s(slo_s: float | None) -> tuple[float, ...]:
+    """The latency histogram's upper bounds in seconds: the Prometheus buckets
+    (:data:`~tailguard_runtime.metrics.LATENCY_BUCKETS_S`) plus ``slo_s`` when given, sorted, so
+    that the SLO is an exact bucket edge."""
+    bounds = set(LATENCY_BUCKETS_S)
+    if slo_s is not None:
+        bounds.add(slo_s)
+    return tuple(sorted(bounds))
+
+
+class Totals:
+    """Cumulative counts of one served model since the process started. Never decreases.
+
+    ``bounds_s`` are the latency histogram's upper bounds in seconds (inclusive, as Prometheus'
+    ``le``), sorted. Failures of admitted requests and refusals are counted by reason slug.
+    """
+
+    def __init__(self, bounds_s: Sequence[float]) -> None:
+        self.bounds_s = tuple(bounds_s)
+        self._buckets = [0] * (len(self.bounds_s) + 1)  # the last is +Inf
+        self.admitted = 0
+        self.failed: dict[str, int] = {}
+        self.refused: dict[str, int] = {}
+
+    def admit(self, latency_s: float, failure: str | None) -> None:
+        """Count one admitted request of ``latency_s`` seconds; ``failure`` is its reason slug
+        when it failed (504, model error), else ``None``."""
+        self._buckets[bisect.bisect_left(self.bounds_s, latency_s)] += 1
+        self.admitted += 1
+        if failure is not None:
+            self.failed[failure] = self.failed.get(failure, 0) + 1
+
+    def refuse(self, reason: str) -> None:
+        """Count one request refused before it reached the queue, by reason slug."""
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def snapshot(self, queue_row_seconds: float) -> dict[str, Any]:
+        """The totals as a JSON-ready dict (the shape :mod:`tailguard_operator.observe` reads).
+
+        Keys: ``admitted``, ``failed`` and ``refused`` (by reason), ``queueRowSeconds`` (the
+        queue depth's integral over time, passed in, in row-seconds) and ``latencyHistogram``
+        with ``boundsSeconds`` and cumulative ``counts`` (one per bound, then ``+Inf``).
+        """
+        counts: list[int] = []
+        running = 0
+        for n in self._buckets:
+            running += n
+            counts.append(running)
+        return {
+            "admitted": self.admitted,
+            "failed": dict(self.failed),
+            "refused": dict(self.refused),
+            "queueRowSeconds": queue_row_seconds,
+            "latencyHistogram": {"boundsSeconds": list(self.bounds_s), "counts": counts},
+        }
