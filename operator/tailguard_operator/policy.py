@@ -129,8 +129,8 @@ class Decision:
     """The outcome of one :func:`decide`: an action and a one-line reason, plus what status and
     the status line show.
 
-    ``state``: ``ok``, ``breach``, ``overload``, ``rolledBack``, ``idle`` or ``manual`` (the
-    CRD's ``status.guard.state``); ``breaches``: consecutive breached windows counted toward
+    ``state``: ``ok``, ``breach``, ``overload``, ``rolledBack`` (also on the decision that rolls
+    back), ``idle`` or ``manual`` (the CRD's ``status.guard.state``); ``breaches``: consecutive breached windows counted toward
     ``breach_windows``. ``slo_status``/``slo_reason``: the ``SLOMet`` condition. ``breach``: the
     kind of the latest window's breach (``latency``, ``deadline``, ``errors``), else ``None``;
     with ``ROLL_BACK`` it is the reason label of ``tailguard_rollbacks_total``.
@@ -211,8 +211,7 @@ def decide(spec: GuardSpec, history: History, now_s: float) -> Decision:
         left = spec.cooldown_s - (now_s - history.last_action_s)
         return made(Action.NOTHING, f"the primary breaks the SLO ({over}); cooldown: no other "
                     f"automatic action for {left:.0f}s", "breach", breaches)
-    return made(Action.ROLL_BACK, f"the primary breaks the SLO ({over}): roll back to the "
-                "fallback", "breach", breaches)
+    return made(Action.ROLL_BACK, f"the primary breaks the SLO ({over})", "rolledBack", breaches)
 
 
 @dataclass(frozen=True)
@@ -294,3 +293,27 @@ def _streak(spec: GuardSpec, history: History) -> int:
 
 def _rolled_back(spec: GuardSpec, history: History) -> bool:
     return history.rollback is not None and history.rollback.primary == spec.primary
+
+
+def remember(spec: GuardSpec, history: History, window: Observation) -> History:
+    """``history`` with ``window`` appended, keeping the last ``breach_windows`` windows (all
+    :func:`decide` reads)."""
+    keep = max(spec.breach_windows, 1)
+    return History((*history.windows, window)[-keep:], history.rollback, history.last_action_s,
+                   history.armed_s)
+
+
+def applied(spec: GuardSpec, history: History, decision: Decision, now_s: float) -> History:
+    """``history`` after the caller carried out ``decision`` at ``now_s`` (monotonic s): a
+    rollback is recorded for the current primary, and starts the cooldown."""
+    if decision.action is not Action.ROLL_BACK:
+        return history
+    return History(history.windows, Rollback(now_s, decision.reason, spec.primary), now_s,
+                   history.armed_s)
+
+
+def rolled_forward(history: History, now_s: float) -> History:
+    """``history`` after a person rolled forward at ``now_s`` (monotonic s): the rollback record
+    is cleared and the guard re-armed (windows before ``now_s`` never count); the cooldown of
+    the last action still holds."""
+    return History(history.windows, None, history.last_action_s, now_s)

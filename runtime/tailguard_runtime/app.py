@@ -249,6 +249,13 @@ def build_app(runtime: Runtime) -> InferenceApp:
             return {"name": runtime.name, "activeModel": runtime.active_role,
                     "roles": list(runtime.models)}
 
+        @api.get("/tailguard/status")
+        async def get_status() -> dict[str, Any]:
+            doc: dict[str, Any] = {"activeModel": runtime.active_role}
+            if runtime.status_source is not None:
+                doc.update(runtime.status_source())
+            return {"name": runtime.name, "status": doc}
+
         @api.post("/tailguard/traffic")
         async def set_traffic(request: Request) -> Any:
             client = request.client.host if request.client else ""

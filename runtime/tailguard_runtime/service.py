@@ -53,6 +53,9 @@ class Runtime:
         self.ready = False
         self.draining = False
         self.keep_alive = True
+        self.status_source: Callable[[], dict[str, Any]] | None = None
+        """Set by ``tailguard up``: the InferenceService's status as its SLO guard keeps it (the
+        CRD's ``status`` shape), served by the loopback ``GET /tailguard/status``."""
         """False on a pod that traffic has left (cluster mode): answers carry ``Connection:
         close`` so clients holding keep-alive connections reconnect through the Service."""
         batching = settings.batching
