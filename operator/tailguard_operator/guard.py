@@ -160,7 +160,7 @@ class LocalGuard:
                       "forward with tailguard rollforward)")
 
     def _roll_back(self, decision: Decision, now: float) -> None:
-        self.runtime.switch("fallback")
+        self.runtime.switch("fallback", by="guard")
         self._seen_role = self.runtime.active_role
         self.history = applied(self.spec, self.history, decision, now)
         stamp = self._iso()

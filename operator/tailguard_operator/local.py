@@ -10,6 +10,7 @@ status line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from typing import Any, TextIO
@@ -78,9 +79,16 @@ async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: 
         out.flush()
 
 
-def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
+def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: str = "tailguard",
+       port_hint: str = "use --port to pick another port") -> int:
     """Serve the InferenceService in ``path`` until interrupted. Returns the exit code:
-    0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port."""
+    0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port.
+
+    ``command`` is how the banner spells the ``tailguard`` command so that its lines run as
+    printed (e.g. ``.venv/bin/tailguard``); ``port_hint`` ends the busy-port line (``make up``
+    names ``PORT=``). Traffic switches are logged (logger ``tailguard_runtime.traffic``) and
+    Ctrl-C prints the drain's counts.
+    """
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -91,17 +99,15 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
         written = find_object(text, path)
         isvc = parse(written)
     except SpecError as exc:
-        print(f"tailguard up: {path} is not a valid InferenceService:", file=sys.stderr)
-        for line in exc.errors:
-            print(f"  {line}", file=sys.stderr)
+        print(spec_error_text("tailguard up", path, exc), file=sys.stderr)
         return 2
     for line in not_applicable(written.get("spec") or {}):
         print(f"note: {line}", file=out)
     try:  # before the (possibly slow) model load, so a busy port fails at once
         sock = bind_socket(host, port)
     except OSError as exc:
-        print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} "
-              "(use --port to pick another port)", file=sys.stderr)
+        print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} ({port_hint})",
+              file=sys.stderr)
         return 2
     limit_threads()
     runtime = _load(isvc, out)
@@ -110,8 +116,11 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
         return 2
     bound = sock.getsockname()[1]
     base = f"http://{host}:{bound}"
-    print(_banner(isvc, base), file=out, flush=True)
+    print(_banner(isvc, base, command), file=out, flush=True)
     live = out.isatty()
+    traffic = logging.getLogger("tailguard_runtime.traffic")
+    if not traffic.isEnabledFor(logging.INFO):
+        traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says
     guard = LocalGuard(runtime, isvc, out)
     runtime.status_source = guard.status
 
@@ -124,8 +133,17 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout) -> int:
     run(serve(runtime, sock, on_started=started))
     if live:
         out.write("\n")
-    print("tailguard up: stopped", file=out, flush=True)
+    report = runtime.drain_report
+    print(f"tailguard up: {report.line() + '; ' if report else ''}stopped", file=out, flush=True)
     return 0
+
+
+def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
+    """A refused spec for people: one line for one problem, else a heading and one line each."""
+    if len(exc.errors) == 1:
+        return f"{prefix}: {path} is not a valid InferenceService: {exc.errors[0]}"
+    return "\n".join([f"{prefix}: {path} is not a valid InferenceService "
+                      f"({len(exc.errors)} problems):", *(f"  {line}" for line in exc.errors)])
 
 
 def _load(isvc: InferenceService, out: TextIO) -> Runtime | None:
@@ -144,12 +162,13 @@ def _load(isvc: InferenceService, out: TextIO) -> Runtime | None:
         print(f"tailguard up: {exc}", file=sys.stderr)
         return None
     if isvc.traffic == "fallback":
-        runtime.switch("fallback")
+        runtime.switch("fallback", by="spec")
     return runtime
 
 
-def _banner(isvc: InferenceService, base: str) -> str:
+def _banner(isvc: InferenceService, base: str, command: str) -> str:
     b = isvc.batching
+    port = "" if base.endswith(":8080") else f" --port {base.rsplit(':', 1)[1]}"
     return "\n".join([
         f"serving InferenceService {isvc.name} on {base} (traffic -> {isvc.traffic})",
         f"  v2 infer   POST {base}/v2/models/{isvc.name}/infer",
@@ -159,10 +178,11 @@ def _banner(isvc: InferenceService, base: str) -> str:
         f"  batching   maxBatchSize={b.max_batch_size} maxWaitMs={b.max_wait_ms:g} "
         f"maxQueueSize={b.max_queue_size} timeoutMs={b.timeout_ms:g}; "
         f"SLO p99 {isvc.slo.p99_latency_ms} ms",
-        f"  SLO guard  " + (f"rolls back after {isvc.slo.breach_windows} breached windows of "
-                            f"{isvc.slo.window_seconds}s" if isvc.automatic_rollback
-                            else "reports only (rollback.automatic: false)"),
-        f"  roll back  tailguard rollback {isvc.name}"
-        + ("" if base.endswith(":8080") else f" --port {base.rsplit(':', 1)[1]}"),
+        "  SLO guard  " + (f"rolls back after {isvc.slo.breach_windows} breached windows of "
+                           f"{isvc.slo.window_seconds}s" if isvc.automatic_rollback
+                           else "reports only (rollback.automatic: false)"),
+        f"  roll back  {command} rollback {isvc.name}{port}",
+        f"  and back   {command} rollforward {isvc.name}{port}",
+        f"  status     {command} status {isvc.name}{port}",
         "Ctrl-C drains and stops.",
     ])

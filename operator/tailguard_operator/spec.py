@@ -273,3 +273,12 @@ def _cel_program(rule: str) -> Any:
         return bool(program.evaluate({"self": json_to_cel(value)}))
 
     return evaluate
+
+
+def as_applied(written: Mapping[str, Any], isvc: InferenceService) -> dict[str, Any]:
+    """The object to apply again: ``apiVersion``, ``kind``, ``metadata`` as written, and the
+    spec with every default filled in (``isvc.spec``); what ``tailguard validate`` prints.
+    ``written`` is the object :func:`find_object` returned, ``isvc`` its :func:`parse`."""
+    return {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": copy.deepcopy(dict(written.get("metadata") or {})),
+            "spec": copy.deepcopy(isvc.spec)}

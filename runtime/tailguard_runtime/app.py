@@ -2,7 +2,10 @@
 
 The two inference routes (v2 ``POST /v2/models/{name}[/versions/{v}]/infer`` and v1
 ``POST /v1/models/{name}:predict``) are served by :class:`InferenceApp` directly as ASGI, with
-orjson and no request model: at thousands of requests per second every 0.1 ms counts. All other
+orjson and no request model: at thousands of requests per second every 0.1 ms counts. Every
+reply of theirs once the active role is resolved, errors included, says which model answered:
+``X-Tailguard-Role``, ``X-Tailguard-Model`` (URI) and ``X-Tailguard-Model-Version`` headers, and
+in a v2 body ``model_version`` and ``parameters: {"role", "model_uri"}``. All other
 routes (health, readiness, metadata, ``/metrics``, the stats and traffic routes) go to a FastAPI
 app. Every error body is the protocol's ``{"error": "..."}``.
 """
@@ -22,8 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
-from .errors import (BodyTimeout, Draining, InvalidInput, ModelFailed, ModelNotFound,
-                     NotReady, PayloadTooLarge, TailguardError)
+from .errors import (BodyTimeout, Draining, GraceEnded, InvalidInput, ModelFailed,
+                     ModelNotFound, NotReady, PayloadTooLarge, TailguardError)
 from .protocol import (decode_v1, decode_v2, decompress, encode_error, encode_v1, encode_v2,
                        parse_timeout_header)
 from .service import Runtime, ServedModel
@@ -53,6 +56,9 @@ class InferenceApp:
         self.max_body = runtime.settings.max_body_bytes
         self.default_timeout_s = runtime.settings.batching.timeout_ms / 1000.0
         self.max_rows = runtime.settings.batching.max_queue_size
+        self.headers = {role: (JSON_HEADERS + s.headers, CLOSING_HEADERS + s.headers)
+                        for role, s in runtime.models.items()}
+        """Per role: the reply headers with keep-alive, and with ``Connection: close``."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -71,6 +77,7 @@ class InferenceApp:
                      version: str | None, v2: bool) -> None:
         runtime = self.runtime
         served: ServedModel | None = None
+        resolved: ServedModel | None = None
         arrival = perf_counter()  # reset once the body is in: latency is the server's own
         admitted = False
         try:
@@ -110,18 +117,19 @@ class InferenceApp:
             outputs = await served.batcher.submit(x, timeout_s)
             if v2:
                 payload = encode_v2(runtime.name, served.version, request.id, predictor.outputs,
-                                    outputs, request.outputs)
+                                    outputs, request.outputs, served.parameters)
             else:
                 payload = encode_v1(outputs[0])
         except TailguardError as exc:
-            await self._fail(send, served, exc, arrival, perf_counter(), admitted)
+            await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted)
             return
         except Exception as exc:  # a bug of ours: answer 500, keep serving
             logger.exception("unexpected error serving %s", scope["path"])
-            await self._fail(send, served, TailguardError(f"internal error: {type(exc).__name__}"),
+            await self._fail(send, resolved, served,
+                             TailguardError(f"internal error: {type(exc).__name__}"),
                              arrival, perf_counter(), admitted)
             return
-        headers = JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS
+        headers = self.headers[served.role][0 if runtime.keep_alive else 1]
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
         await send({"type": "http.response.body", "body": payload})
@@ -159,11 +167,21 @@ class InferenceApp:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _fail(self, send: Send, served: ServedModel | None, exc: TailguardError,
-                    arrival: float, now: float, admitted: bool) -> None:
-        headers = (JSON_HEADERS if self.runtime.keep_alive else CLOSING_HEADERS) + exc.headers
-        await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    async def _fail(self, send: Send, resolved: ServedModel | None, served: ServedModel | None,
+                    exc: TailguardError, arrival: float, now: float, admitted: bool) -> None:
+        """Answer ``exc``; ``resolved`` is the role the request reached (its identity headers
+        go on the reply), ``served`` the same once the request passed readiness (its metrics
+        count the reply)."""
+        runtime = self.runtime
+        if resolved is None:
+            headers = JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS
+        else:
+            headers = self.headers[resolved.role][0 if runtime.keep_alive else 1]
+        await send({"type": "http.response.start", "status": exc.status_code,
+                    "headers": headers + exc.headers})
         await send({"type": "http.response.body", "body": encode_error(exc.message)})
+        if isinstance(exc, Draining) and not isinstance(exc, GraceEnded):
+            runtime.refused_draining += 1
         if served is None:
             return
         served.metrics.count(exc.status_code, exc.reason)
@@ -238,10 +256,12 @@ def build_app(runtime: Runtime) -> InferenceApp:
     async def stats() -> dict[str, Any]:
         now = perf_counter()
         return {"name": runtime.name, "activeModel": runtime.active_role,
-                "ready": runtime.ready and not runtime.draining,
+                "ready": runtime.ready and not runtime.draining, **runtime.describe(),
                 "models": {role: s.stats.snapshot(now, s.batcher.queue_depth)
                            for role, s in runtime.models.items()},
-                "totals": runtime.totals(now)}
+                "totals": runtime.totals(now),
+                **({} if runtime.status_source is None
+                   else {"status": runtime.status_source()})}
 
     if runtime.settings.control_routes:
         @api.get("/tailguard/traffic")
@@ -264,16 +284,19 @@ def build_app(runtime: Runtime) -> InferenceApp:
             try:
                 body = orjson.loads(await request.body())
                 role = body["activeModel"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
+                by = body.get("by", "api")
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
                 raise InvalidInput('body must be {"name": ..., "activeModel": "primary" | '
-                                   '"fallback"}', 400) from None
+                                   '"fallback", "by"?: "cli" | "guard" | ...}', 400) from None
             if body.get("name", runtime.name) != runtime.name:
                 raise ModelNotFound(f"no InferenceService {body['name']!r} here; this "
                                     f"tailguard up serves {runtime.name!r}")
             try:
-                changed = runtime.switch(role)
+                changed = runtime.switch(role, by=str(by))
             except KeyError as exc:
                 raise InvalidInput(str(exc.args[0])) from None
+            except ValueError as exc:
+                raise InvalidInput(str(exc), 400) from None
             return {"name": runtime.name, "activeModel": runtime.active_role, "changed": changed}
 
     return InferenceApp(runtime, api)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .admission import DrainEstimate, admit
-from .errors import DeadlineExceeded, Draining, ModelFailed, TailguardError
+from .errors import DeadlineExceeded, Draining, GraceEnded, ModelFailed, TailguardError
 from .rows import Outputs, concat_outputs, gather_rows, predict_isolating, split_outputs
 
 logger = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class Batcher:
     async def drain(self, grace_s: float) -> int:
         """Stop admitting, flush the forming batch, and wait up to ``grace_s`` seconds for every
         admitted request to be answered. Whatever is still unanswered then gets
-        :class:`Draining` (503). Returns how many requests got that 503."""
+        :class:`GraceEnded` (503). Returns how many requests got that 503."""
         self.draining = True
         self.queue.flush = True
         self._wake()
@@ -260,7 +260,7 @@ class Batcher:
         unanswered = [r for r in self.in_flight if not r.future.done()]
         for request in unanswered:
             self.queue.discard(request)
-            request.future.set_exception(Draining("grace period ended before the model answered"))
+            request.future.set_exception(GraceEnded("grace period ended before the model answered"))
         await asyncio.sleep(0)  # let the handlers render their 503s
         return len(unanswered)
 

@@ -99,6 +99,10 @@ class Draining(TailguardError):
     reason = "draining"
 
 
+class GraceEnded(Draining):
+    """The drain's grace period ended before the model answered this admitted request (503)."""
+
+
 class ModelFailed(TailguardError):
     """The model raised on this request's own rows (422 for a ValueError, else 500)."""
 

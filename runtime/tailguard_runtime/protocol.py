@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+from urllib.parse import quote
 
 import numpy as np
 import orjson
@@ -125,8 +126,14 @@ def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> np.n
 
 def encode_v2(model_name: str, version: str, request_id: str | None,
               specs: Sequence[OutputSpec], outputs: Sequence[np.ndarray],
-              wanted: tuple[str, ...] | None) -> bytes:
-    """Encode a v2 inference response; ``outputs`` align with ``specs``, row axis first."""
+              wanted: tuple[str, ...] | None,
+              parameters: Mapping[str, str] | None = None) -> bytes:
+    """Encode a v2 inference response; ``outputs`` align with ``specs``, row axis first.
+
+    ``version`` is the served model's version (``model_version``); ``parameters``, when given,
+    become the response's ``parameters`` object (the runtime sends ``role`` and ``model_uri``,
+    see :func:`served_by`).
+    """
     tensors = []
     for spec, value in zip(specs, outputs):
         if wanted is not None and spec.name not in wanted:
@@ -136,7 +143,30 @@ def encode_v2(model_name: str, version: str, request_id: str | None,
     doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request_id is not None:
         doc["id"] = request_id
+    if parameters is not None:
+        doc["parameters"] = parameters
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+ROLE_HEADER = "x-tailguard-role"
+MODEL_HEADER = "x-tailguard-model"
+VERSION_HEADER = "x-tailguard-model-version"
+
+
+def served_by(role: str, uri: str, version: str) -> list[tuple[bytes, bytes]]:
+    """The response headers that say which model answered: ``X-Tailguard-Role`` (``primary``
+    or ``fallback``), ``X-Tailguard-Model`` (the model URI) and ``X-Tailguard-Model-Version``,
+    as raw ASGI pairs. Characters a header cannot carry (non-ASCII, controls) are
+    percent-encoded, as in a URI."""
+    return [(ROLE_HEADER.encode(), header_value(role)),
+            (MODEL_HEADER.encode(), header_value(uri)),
+            (VERSION_HEADER.encode(), header_value(version))]
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as a header value: printable ASCII kept, anything else (non-ASCII, control
+    characters) percent-encoded as UTF-8 bytes."""
+    return "".join(c if " " <= c <= "~" else quote(c, safe="") for c in text).encode("ascii")
 
 
 def encode_v1(predictions: np.ndarray) -> bytes:
@@ -197,8 +227,17 @@ def _loads(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON: {exc} (NaN and Infinity are not valid JSON "
-                           "numbers)", 400) from None
+        raise InvalidInput(json_error(body, exc), 400) from None
+
+
+def json_error(body: bytes, exc: ValueError) -> str:
+    """The message for a body that is not JSON: what the parser found, and a hint when the
+    body holds ``NaN`` or ``Infinity`` (Python's ``json.dumps`` writes them; JSON has no such
+    numbers)."""
+    message = f"malformed JSON: the body is not valid JSON ({exc})"
+    if b"NaN" in body or b"Infinity" in body:
+        message += "; NaN and Infinity are not valid JSON numbers"
+    return message
 
 
 def _to_matrix(data: list[Any], field: str, integers: bool, expected: str) -> np.ndarray:

@@ -69,11 +69,11 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         try:
-            failed = await self.runtime.drain(self.runtime.settings.drain_grace_seconds)
-            if failed:
-                logger.warning("grace period ended: %d request(s) answered 503", failed)
+            report = await self.runtime.drain(self.runtime.settings.drain_grace_seconds)
+            if report.cut_off:
+                logger.warning("grace period ended: %s", report.line())
             else:
-                logger.info("drained: every admitted request was answered")
+                logger.info("%s", report.line())
         finally:
             self.should_exit = True
 

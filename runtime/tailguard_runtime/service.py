@@ -10,8 +10,10 @@ the model that admitted it even if traffic switches while it waits. The HTTP lay
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from functools import partial
 from time import perf_counter
 from typing import Any, Callable
@@ -20,12 +22,18 @@ from . import metrics
 from .batcher import Batcher
 from .errors import ModelNotFound
 from .models import Predictor, check_drop_in, load_model
+from .protocol import served_by
 from .settings import RuntimeSettings
 from .stats import WindowStats
 
 logger = logging.getLogger(__name__)
+traffic_logger = logging.getLogger("tailguard_runtime.traffic")
+"""Traffic switches, one INFO line each; ``tailguard up`` shows this logger at any log level."""
 
 ROLES = ("primary", "fallback")
+SWITCHED_BY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+"""What may name who switched traffic (``cli``, ``guard``, ``spec``, ...): one short word, so
+a caller cannot forge extra fields in the log line."""
 
 
 @dataclass
@@ -38,6 +46,63 @@ class ServedModel:
     batcher: Batcher
     metrics: metrics.RoleMetrics
     stats: WindowStats
+    headers: list[tuple[bytes, bytes]] = field(init=False)
+    """The ``X-Tailguard-Role``/``-Model``/``-Model-Version`` headers of every reply this
+    model's role gives (computed once)."""
+    parameters: dict[str, str] = field(init=False)
+    """The v2 response ``parameters``: ``{"role": ..., "model_uri": ...}`` (computed once)."""
+
+    def __post_init__(self) -> None:
+        self.headers = served_by(self.role, self.predictor.uri, self.version)
+        self.parameters = {"role": self.role, "model_uri": self.predictor.uri}
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One traffic switch: who made it (``cli``, ``guard``, ``spec``, ...), from which role to
+    which, and when (UTC)."""
+
+    service: str
+    from_role: str
+    to_role: str
+    by: str
+    at: datetime.datetime
+
+    def line(self) -> str:
+        """The switch as one ``key=value`` log line, the time in ISO 8601 (UTC, ms)."""
+        return (f"traffic switched service={self.service} from={self.from_role} "
+                f"to={self.to_role} by={self.by} at={iso(self.at)}")
+
+    def as_json(self) -> dict[str, str]:
+        """The switch for the stats route: ``from``, ``to``, ``by``, ``at`` (ISO 8601)."""
+        return {"from": self.from_role, "to": self.to_role, "by": self.by, "at": iso(self.at)}
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """What a drain did: ``in_flight`` requests were admitted when it began; ``cut_off`` of
+    them were still unanswered when the grace period ended (answered 503); ``refused`` new
+    requests were answered 503 while it ran."""
+
+    in_flight: int
+    cut_off: int
+    refused: int
+
+    @property
+    def drained(self) -> int:
+        """Admitted requests answered by their model (or with their own error) during the drain."""
+        return self.in_flight - self.cut_off
+
+    def line(self) -> str:
+        """One line for people: drained and 503 counts."""
+        return (f"drained {self.drained} in-flight request(s); {self.cut_off + self.refused} "
+                f"answered 503 ({self.cut_off} cut off when the grace period ended, "
+                f"{self.refused} arrived while draining)")
+
+
+def iso(at: datetime.datetime) -> str:
+    """``at`` as ISO 8601 in UTC with milliseconds, e.g. ``2026-12-01T08:45:00.123Z``."""
+    return at.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 class Runtime:
@@ -52,12 +117,18 @@ class Runtime:
         self.active_role = "primary" if "primary" in predictors else next(iter(predictors))
         self.ready = False
         self.draining = False
+        self.last_switch: Switch | None = None
+        """The latest traffic switch, for the stats route; ``None`` before the first."""
+        self.refused_draining = 0
+        """Requests answered 503 because the runtime was draining (the HTTP layer counts)."""
+        self.drain_report: DrainReport | None = None
+        """Set when :meth:`drain` returns."""
         self.keep_alive = True
+        """False on a pod that traffic has left (cluster mode): answers carry ``Connection:
+        close`` so clients holding keep-alive connections reconnect through the Service."""
         self.status_source: Callable[[], dict[str, Any]] | None = None
         """Set by ``tailguard up``: the InferenceService's status as its SLO guard keeps it (the
         CRD's ``status`` shape), served by the loopback ``GET /tailguard/status``."""
-        """False on a pod that traffic has left (cluster mode): answers carry ``Connection:
-        close`` so clients holding keep-alive connections reconnect through the Service."""
         batching = settings.batching
         self.models: dict[str, ServedModel] = {}
         for model in settings.models:
@@ -105,21 +176,39 @@ class Runtime:
         return {role: served.stats.totals.snapshot(served.batcher.queue_row_seconds(now))
                 for role, served in self.models.items()}
 
-    def switch(self, role: str) -> bool:
+    def switch(self, role: str, *, by: str = "api",
+               now: datetime.datetime | None = None) -> bool:
         """Send new requests to ``role``; requests already admitted finish where they are.
 
-        Returns whether anything changed.
+        ``by`` names who switched (``cli``, ``guard``, ``spec``; one lowercase word), ``now``
+        when (default: the wall clock, UTC). A switch that changes something logs exactly one
+        line (:meth:`Switch.line`, logger ``tailguard_runtime.traffic``, level INFO) and is
+        kept as :attr:`last_switch`. Returns whether anything changed.
 
         Raises:
             KeyError: ``role`` is not one of the served roles.
+            ValueError: ``by`` is not one short lowercase word.
         """
         if role not in self.models:
             raise KeyError(f"no {role!r} model is served; roles: {list(self.models)}")
+        if not SWITCHED_BY.fullmatch(by):
+            raise ValueError(f"'by' must be one short lowercase word (cli, guard, ...), got {by!r}")
         if role == self.active_role:
             return False
-        logger.info("traffic switched service=%s from=%s to=%s", self.name, self.active_role, role)
+        at = now or datetime.datetime.now(datetime.timezone.utc)
+        self.last_switch = Switch(self.name, self.active_role, role, by, at)
         self.active_role = role
+        traffic_logger.info("%s", self.last_switch.line())
         return True
+
+    def describe(self) -> dict[str, Any]:
+        """The service's identity for the stats route: ``sloP99Ms`` (``None`` when not
+        declared), ``lastSwitch`` (``None`` before the first) and each role's ``uri`` and
+        ``version``."""
+        return {"sloP99Ms": self.settings.slo_p99_ms,
+                "lastSwitch": None if self.last_switch is None else self.last_switch.as_json(),
+                "served": {role: {"uri": s.predictor.uri, "version": s.version}
+                           for role, s in self.models.items()}}
 
     async def start(self) -> None:
         """Start every batch loop and mark the runtime ready."""
@@ -127,13 +216,17 @@ class Runtime:
             served.batcher.start()
         self.ready = True
 
-    async def drain(self, grace_s: float) -> int:
+    async def drain(self, grace_s: float) -> DrainReport:
         """Turn readiness off, stop admitting, flush, and wait up to ``grace_s`` seconds for
-        admitted requests. Returns how many were answered 503 when the grace period ended."""
+        admitted requests. Returns (and keeps as :attr:`drain_report`) how many were in flight,
+        how many were answered 503 when the grace period ended, and how many new requests were
+        refused meanwhile."""
         self.draining = True
         self.keep_alive = False  # clients reconnect elsewhere instead of reusing this pod
+        in_flight = sum(len(m.batcher.in_flight) for m in self.models.values())
         results = await asyncio.gather(*(m.batcher.drain(grace_s) for m in self.models.values()))
-        return sum(results)
+        self.drain_report = DrainReport(in_flight, sum(results), self.refused_draining)
+        return self.drain_report
 
     async def close(self) -> None:
         """Stop the batch loops and their model threads."""
@@ -161,6 +254,20 @@ def load_runtime(settings: RuntimeSettings, *,
     Raises:
         ModelLoadError: a model could not be loaded, or the fallback does not match.
     """
+    return Runtime(settings, load_predictors(settings, on_loading=on_loading,
+                                             on_loaded=on_loaded))
+
+
+def load_predictors(settings: RuntimeSettings, *,
+                    on_loading: Callable[[str, str], None] | None = None,
+                    on_loaded: Callable[[str, Predictor, float], None] | None = None
+                    ) -> dict[str, Predictor]:
+    """The models of :func:`load_runtime`, by role, without serving anything (``tailguard
+    validate --models`` uses it): loaded, and the fallback checked as a drop-in.
+
+    Raises:
+        ModelLoadError: a model could not be loaded, or the fallback does not match.
+    """
     predictors: dict[str, Predictor] = {}
     for model in settings.models:
         logger.info("loading model service=%s role=%s uri=%s", settings.name, model.role, model.uri)
@@ -173,4 +280,4 @@ def load_runtime(settings: RuntimeSettings, *,
             on_loaded(model.role, predictors[model.role], perf_counter() - started)
     if "primary" in predictors and "fallback" in predictors:
         check_drop_in(predictors["primary"], predictors["fallback"])
-    return Runtime(settings, predictors)
+    return predictors
