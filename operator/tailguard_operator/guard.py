@@ -196,4 +196,6 @@ class LocalGuard:
         self.out.flush()
 
     def _iso(self) -> str:
-        return datetime.fromtimestamp(self._wall(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        """The wall time as RFC 3339 UTC with milliseconds (windows may be 1 s long)."""
+        stamp = datetime.fromtimestamp(self._wall(), timezone.utc)
+        return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
