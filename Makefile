@@ -10,15 +10,26 @@ HELM_DIR ?= .ci/bin
 
 .PHONY: up test install install-test bench clean
 
+# The stamps make `make up` and `make test` install only when pyproject.toml or
+# constraints.txt changed since the last install (or the venv is new).
+INSTALLED := $(VENV)/.installed
+INSTALLED_TEST := $(VENV)/.installed-test
+
 $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-install: $(PY)
+$(INSTALLED): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install --quiet -c constraints.txt -e .
+	touch $@
 
-install-test: $(PY)
+$(INSTALLED_TEST): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $@ $(INSTALLED)
+
+install: $(INSTALLED)
+
+install-test: $(INSTALLED_TEST)
 	PYTHON=$(PY) bash scripts/install-helm.sh $(HELM_DIR)
 
 up: install

@@ -4,7 +4,7 @@ One thread, ``n_jobs=1``, BLAS/OpenMP threads limited to 1 (threadpoolctl). For 
 the model's ``predict`` is called repeatedly on fixed rows; the table gives the median wall time
 of one call (ms) and the rows per second that median implies (``batch / median``).
 
-    /work/venv/bin/python bench/predict_table.py [--cpu 0] [--seconds 3] [--json OUT.json]
+    .venv/bin/python bench/predict_table.py [--cpu 0] [--seconds 3] [--json OUT.json]
 
 Bounded: about ``--seconds`` per batch size (default 3 s, 6 sizes: under 30 s in all).
 """

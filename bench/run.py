@@ -1,8 +1,8 @@
 """The whole benchmark in one command: tailguard against its peers, on two pinned cores.
 
-    /work/venv/bin/python bench/run.py                 # full run, 5-7 minutes
-    /work/venv/bin/python bench/run.py --quick         # 3 s points, a smoke run (~2 minutes)
-    /work/venv/bin/python bench/run.py --targets tailguard --clients 64
+    .venv/bin/python bench/run.py                 # full run, 5-7 minutes
+    .venv/bin/python bench/run.py --quick         # 3 s points, a smoke run (~2 minutes)
+    .venv/bin/python bench/run.py --targets tailguard --clients 64
 
 What it does, in order:
 

@@ -20,10 +20,11 @@ peers=("$@")
 
 # the scikit-learn and numpy pins only make the peers unpickle the same model file that the
 # reference runtime serves; pick the versions installed in the project's environment when known
+# (the repository's .venv, as `make up` creates it, or PROJECT_PYTHON=/path/to/python)
 sk_pin="scikit-learn"
 np_pin="numpy"
-if [ -x /work/venv/bin/python ] || [ -n "${PROJECT_PYTHON:-}" ]; then
-    proj="${PROJECT_PYTHON:-/work/venv/bin/python}"
+if [ -x "$here/../.venv/bin/python" ] || [ -n "${PROJECT_PYTHON:-}" ]; then
+    proj="${PROJECT_PYTHON:-$here/../.venv/bin/python}"
     sk_pin="scikit-learn==$("$proj" -c 'import sklearn; print(sklearn.__version__)' 2>/dev/null)" || sk_pin="scikit-learn"
     np_pin="numpy==$("$proj" -c 'import numpy; print(numpy.__version__)' 2>/dev/null)" || np_pin="numpy"
 fi

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,58 +22,7 @@ from sklearn.preprocessing import StandardScaler
 
 from tailguard_runtime.models import load_dataset
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "digits.yaml"
-TAILGUARD = [sys.executable, "-m", "tailguard_operator.cli"]
-
-
-class Up:
-    """A running `tailguard up` process, its base URL, and what it printed."""
-
-    def __init__(self, proc: subprocess.Popen[str], port: int, printed: list[str]) -> None:
-        self.proc, self.port, self.printed = proc, port, printed
-        self.base = f"http://127.0.0.1:{port}"
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.printed.append(line)
-
-    def stop(self, sig: int = signal.SIGINT) -> int:
-        """Signal the process, wait for it (kill after 30 s), and return its exit code."""
-        self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self._reader.join(10)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-        return code
-
-
-def start_up(spec: Path, timeout_s: float = 60.0) -> Up:
-    proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        match = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-        if match:
-            return Up(proc, int(match.group(1)), seen)
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
-    raise AssertionError("tailguard up did not start:\n" + "".join(seen))
-
+from up_harness import EXAMPLE, ROOT, TAILGUARD, Up, start_up
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[Up]:
@@ -219,7 +166,8 @@ def test_sigint_drains_and_exits_cleanly(tmp_path: Path) -> None:
     server = start_up(spec)
     assert httpx.get(f"{server.base}/v2/health/ready").status_code == 200
     assert server.stop(signal.SIGINT) == 0
-    assert "tailguard up: stopped" in "".join(server.printed)
+    assert ("tailguard up: drained 0 in-flight request(s); 0 answered 503 (0 cut off when the "
+            "grace period ended, 0 arrived while draining); stopped") in "".join(server.printed)
 
 
 @pytest.mark.parametrize("edit, needle", [

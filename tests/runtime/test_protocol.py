@@ -9,7 +9,7 @@ import pytest
 from tailguard_runtime.errors import InvalidInput
 from tailguard_runtime.models import OutputSpec
 from tailguard_runtime.protocol import (decode_v1, decode_v2, encode_v1, encode_v2,
-                                        parse_timeout_header)
+                                        parse_timeout_header, served_by)
 
 OUTPUTS = ["predict", "predict_proba"]
 
@@ -133,3 +133,25 @@ def test_too_many_rows_are_refused_before_their_data_is_converted() -> None:
         decode_v2(v2, 1, OUTPUTS, max_rows=4)
     with pytest.raises(PayloadTooLarge):
         decode_v1(b'{"instances": [[1], [2], [3]]}', 1, max_rows=2)
+
+
+def test_a_body_that_is_not_json_gets_a_message_about_json() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        decode_v1(b"not json", 3)
+    assert caught.value.status_code == 400
+    assert "not valid JSON" in caught.value.message and "NaN" not in caught.value.message
+
+
+def test_identity_headers_carry_any_uri_as_ascii() -> None:
+    headers = dict(served_by("fallback", "file:///models/modèle\n.joblib", "2"))
+    assert headers == {b"x-tailguard-role": b"fallback",
+                       b"x-tailguard-model": b"file:///models/mod%C3%A8le%0A.joblib",
+                       b"x-tailguard-model-version": b"2"}
+
+
+def test_v2_answer_carries_its_parameters() -> None:
+    spec = OutputSpec("predict", "INT64", (-1,))
+    doc = orjson.loads(encode_v2("m", "3", None, [spec], [np.array([1])], None,
+                                 {"role": "primary", "model_uri": "builtin://iris/random-forest"}))
+    assert doc["model_version"] == "3"
+    assert doc["parameters"] == {"role": "primary", "model_uri": "builtin://iris/random-forest"}

@@ -1,0 +1,63 @@
+"""What `tailguard status` prints, from the data it fetched (pure formatting; the real CLI paths
+are in tests/e2e/test_first_hour.py and tests/e2e/test_cli.py). No cluster runs here, so the
+``--cluster`` lines are checked on InferenceService objects shaped as the API server returns
+them: numbers the status does not hold are said to be absent, never made up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailguard_operator.status import NO_OBSERVED, cluster_lines, live_lines
+
+CONDITIONS = [{"type": "Ready", "status": "True", "reason": "Serving"},
+              {"type": "SLOMet", "status": "Unknown", "reason": "NoGuard",
+               "message": "the SLO guard is not running"}]
+
+
+def isvc(status: dict[str, Any] | None) -> dict[str, Any]:
+    obj: dict[str, Any] = {"apiVersion": "tailguard.dev/v1alpha1", "kind": "InferenceService",
+                           "metadata": {"name": "digits", "namespace": "ml"},
+                           "spec": {"traffic": "fallback", "slo": {"p99LatencyMs": 50}}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def test_cluster_status_without_observed_numbers_says_so_and_shows_no_number() -> None:
+    lines = cluster_lines(isvc({"activeModel": "primary", "replicaSummary": "2/2",
+                                "url": "http://digits.ml.svc/v2/models/digits/infer",
+                                "conditions": CONDITIONS}))
+    assert lines[0] == "ml/digits: traffic -> primary (intent fallback)"
+    assert "  SLOMet=Unknown (NoGuard): the SLO guard is not running" in lines
+    assert lines[-1] == f"  {NO_OBSERVED}"
+    assert not any("p99=" in line or "req/s=" in line for line in lines)
+
+
+def test_cluster_status_with_observed_numbers_shows_them_against_the_slo() -> None:
+    lines = cluster_lines(isvc({"activeModel": "primary", "observed": {
+        "p99Ms": 12.4, "queueDepth": 0.3, "requestsPerSecond": 240, "errorRate": 0,
+        "samples": 2400}}))
+    assert lines[-1] == ("  observed: p99=12.4ms (SLO 50ms)  queue=0.3  req/s=240  errorRate=0  "
+                         "samples=2400")
+
+
+def test_an_object_the_operator_never_touched_has_no_status_line() -> None:
+    assert cluster_lines(isvc(None)) == [
+        "ml/digits: traffic intent fallback; no status yet (is the tailguard operator running?)"]
+
+
+def test_live_lines_without_traffic_show_no_latency() -> None:
+    snap = {"windowSeconds": 10.0, "samples": 0, "p50Ms": None, "p95Ms": None, "p99Ms": None,
+            "requestsPerSecond": 0.0, "errors": 0, "errorRate": 0.0,
+            "rejected": {"queue_full": 2}, "rejectedTotal": 2, "queueDepth": 0}
+    lines = live_lines({"name": "iris", "activeModel": "primary", "ready": True,
+                        "sloP99Ms": 25.0, "lastSwitch": None,
+                        "served": {"primary": {"uri": "builtin://iris/random-forest",
+                                               "version": "1"}},
+                        "models": {"primary": snap}})
+    assert lines == [
+        "iris: traffic -> primary, ready",
+        "  primary (active): builtin://iris/random-forest version 1",
+        "    p99=- (SLO 25ms): no admitted requests in the window",
+        "    queue=0 rows  req/s=0  errors=0  rejected=2 (queue_full=2)  (last 10s)",
+    ]
