@@ -39,6 +39,9 @@ class Totals:
     queue_row_seconds: float
     bounds_s: tuple[float, ...]
     counts: tuple[int, ...]
+    calls: int = 0
+    slow_calls: int = 0
+    call_seconds: float = 0.0
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "Totals":
@@ -53,7 +56,8 @@ class Totals:
                          {str(k): int(v) for k, v in doc["refused"].items()},
                          float(doc["queueRowSeconds"]),
                          tuple(float(b) for b in hist["boundsSeconds"]),
-                         tuple(int(c) for c in hist["counts"]))
+                         tuple(int(c) for c in hist["counts"]), int(doc.get("calls", 0)),
+                         int(doc.get("slowCalls", 0)), float(doc.get("callSeconds", 0.0)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a totals document: {type(exc).__name__}: {exc}") from None
         if len(totals.counts) != len(totals.bounds_s) + 1:
@@ -73,6 +77,9 @@ class Counts:
     queue_row_seconds: float = 0.0
     bounds_s: tuple[float, ...] = ()
     buckets: tuple[int, ...] = ()
+    calls: int = 0
+    slow_calls: int = 0
+    call_seconds: float = 0.0
 
     def __add__(self, other: "Counts") -> "Counts":
         """The two windows together (several pods over the same interval).
@@ -89,7 +96,9 @@ class Counts:
         return Counts(self.admitted + other.admitted, _add(self.failed, other.failed),
                       _add(self.refused, other.refused),
                       self.queue_row_seconds + other.queue_row_seconds, self.bounds_s,
-                      tuple(a + b for a, b in zip(self.buckets, other.buckets)))
+                      tuple(a + b for a, b in zip(self.buckets, other.buckets)),
+                      self.calls + other.calls, self.slow_calls + other.slow_calls,
+                      self.call_seconds + other.call_seconds)
 
 
 def difference(previous: Totals | None, current: Totals) -> Counts:
@@ -100,12 +109,15 @@ def difference(previous: Totals | None, current: Totals) -> Counts:
     """
     if previous is None or _reset(previous, current):
         return Counts(current.admitted, dict(current.failed), dict(current.refused),
-                      current.queue_row_seconds, current.bounds_s, _per_bucket(current.counts))
+                      current.queue_row_seconds, current.bounds_s, _per_bucket(current.counts),
+                      current.calls, current.slow_calls, current.call_seconds)
     return Counts(current.admitted - previous.admitted, _sub(current.failed, previous.failed),
                   _sub(current.refused, previous.refused),
                   current.queue_row_seconds - previous.queue_row_seconds, current.bounds_s,
                   tuple(c - p for c, p in zip(_per_bucket(current.counts),
-                                              _per_bucket(previous.counts))))
+                                              _per_bucket(previous.counts))),
+                  current.calls - previous.calls, current.slow_calls - previous.slow_calls,
+                  current.call_seconds - previous.call_seconds)
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,9 @@ class Observation:
     ``deadline_refused``: refused for their deadline (429 ``deadline``). ``queue_depth``: mean
     rows waiting per replica over the window. ``p99_ms``: the upper edge (ms) of the bucket
     holding the 99th percentile of admitted latencies (capped at the last finite bound), ``None``
-    without admitted requests.
+    without admitted requests. ``calls``: model calls (batches) finished in the window,
+    ``slow_calls`` of them longer than half the SLO; ``model_ms``: their mean duration (ms),
+    ``None`` without calls.
     """
 
     role: str
@@ -134,6 +148,9 @@ class Observation:
     queue_depth: float
     p99_ms: float | None
     replicas: int = 1
+    calls: int = 0
+    slow_calls: int = 0
+    model_ms: float | None = None
 
     @property
     def judged(self) -> int:
@@ -186,12 +203,17 @@ def observe(counts: Counts, *, role: str, end_s: float, window_s: float, slo_ms:
         queue_depth=(counts.queue_row_seconds / window_s / replicas) if window_s > 0 else 0.0,
         p99_ms=_p99_ms(counts),
         replicas=replicas,
+        calls=counts.calls,
+        slow_calls=counts.slow_calls,
+        model_ms=round(counts.call_seconds / counts.calls * 1000.0, 3) if counts.calls else None,
     )
 
 
 def status_observed(obs: Observation, window_end: str) -> dict[str, Any]:
-    """The CRD's ``status.observed`` for one window (``window_end``: RFC 3339 wall time)."""
-    return {
+    """The CRD's ``status.observed`` for one window (``window_end``: RFC 3339 wall time).
+    Values that do not exist (``p99Ms`` without samples, ``modelMs`` without calls) are left
+    out: the schema declares numbers, not nulls."""
+    observed = {
         "role": obs.role,
         "p99Ms": obs.p99_ms,
         "queueDepth": round(obs.queue_depth, 3),
@@ -201,9 +223,12 @@ def status_observed(obs: Observation, window_end: str) -> dict[str, Any]:
         "deadlineRejected": obs.deadline_refused,
         "slowFraction": round(obs.slow_fraction, 6),
         "samples": obs.admitted,
+        "modelMs": obs.model_ms,
+        "slowCalls": obs.slow_calls,
         "windowSeconds": round(obs.window_s, 3),
         "windowEnd": window_end,
     }
+    return {key: value for key, value in observed.items() if value is not None}
 
 
 def _edge_index(bounds_s: tuple[float, ...], edge_s: float) -> int:
@@ -233,7 +258,8 @@ def _per_bucket(cumulative: tuple[int, ...]) -> tuple[int, ...]:
 def _reset(previous: Totals, current: Totals) -> bool:
     if previous.bounds_s != current.bounds_s or current.admitted < previous.admitted:
         return True
-    if current.queue_row_seconds < previous.queue_row_seconds:
+    if (current.queue_row_seconds < previous.queue_row_seconds or current.calls < previous.calls
+            or current.slow_calls < previous.slow_calls):
         return True
     if any(c < p for c, p in zip(current.counts, previous.counts)):
         return True

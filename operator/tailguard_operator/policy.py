@@ -17,8 +17,15 @@ The rules (README, "The SLO guard"):
   judged requests were refused for their deadline (429 ``deadline``) or timed out (504), the
   breach is named ``deadline``: a model too slow to answer anything, not an idle one.
 * Overload explains a breach: mean queue depth per replica above ``scaling.targetQueueDepth``,
-  or more than 1% of the offered requests refused because the queue was full. An overloaded
-  window never counts toward a rollback.
+  or more than 1% of the offered requests refused because the queue was full, or -- for a
+  latency or deadline breach -- queueing: at most 1% of the window's model calls took longer
+  than half the SLO. A request that waits for one call and then runs in the next misses the SLO
+  only if a call takes more than half of it; with shorter calls, slow requests waited behind
+  several batches (in the queue or in a saturated process), which more capacity fixes and a
+  rollback does not. (This last rule is an addition to the issue's queue-depth rule: at
+  capacity, or with the process itself saturated, requests wait before the batcher's queue and
+  the queue depth stays under target while p99 breaks.) An overloaded window never counts
+  toward a rollback.
 * ``breachWindows`` consecutive breached windows of the primary that overload does not
   explain mean a broken model: with ``rollback.automatic`` roll back, otherwise report.
 * No flapping: while an automatic rollback is in effect (and applies to the current primary) the
@@ -42,6 +49,9 @@ promise allows 1% (the definition of a 99th percentile)."""
 DEADLINE_SHARE = 0.5
 """More than this share of judged requests refused for their deadline or timed out names the
 breach ``deadline`` (a model that answers almost nothing in time)."""
+SLOW_CALL_SHARE = 0.01
+"""A latency or deadline breach with at most this share of model calls longer than half the
+SLO is queueing (overload), not a slow model."""
 QUEUE_FULL_SHARE = 0.01
 """More than this share of offered requests refused with 429 ``queue_full`` is overload (the
 queue was at ``maxQueueSize``), whatever the mean depth."""
@@ -255,7 +265,7 @@ def _judge(spec: GuardSpec, obs: Observation | None) -> _Verdict:
                 f"than the SLO")
     else:
         what = f"p99={p99} <= {slo} over {obs.judged} requests"
-    overload = _overload(spec, obs)
+    overload = _overload(spec, obs, breach)
     if overload is not None:
         return _Verdict("overload", f"overload: {overload}" + (f" (explains {what})" if breach
                                                                 else f"; {what}"),
@@ -265,7 +275,7 @@ def _judge(spec: GuardSpec, obs: Observation | None) -> _Verdict:
     return _Verdict("breach", what, breach, True)
 
 
-def _overload(spec: GuardSpec, obs: Observation) -> str | None:
+def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | None:
     answer = ("scaling's job" if obs.replicas < spec.max_replicas
               else "shedding with 429 is the answer on one machine" if spec.max_replicas == 1
               else f"at maxReplicas={spec.max_replicas}; shedding with 429")
@@ -275,6 +285,11 @@ def _overload(spec: GuardSpec, obs: Observation) -> str | None:
     offered = obs.admitted + obs.refused_total
     if offered and obs.queue_full > QUEUE_FULL_SHARE * offered:
         return f"{obs.queue_full} of {offered} requests refused with a full queue, {answer}"
+    if (breach in ("latency", "deadline") and obs.calls
+            and obs.slow_calls <= SLOW_CALL_SHARE * obs.calls):
+        return (f"queueing: {obs.slow_calls} of {obs.calls} model calls took over "
+                f"{spec.p99_latency_ms / 2:g}ms (half the SLO; mean {obs.model_ms:g}ms), so "
+                f"slow requests waited behind other work, {answer}")
     return None
 
 

@@ -135,18 +135,17 @@ class Runtime:
             predictor = predictors[model.role]
             slo_s = None if settings.slo_p99_ms is None else settings.slo_p99_ms / 1000.0
             role_metrics = metrics.bind(settings.name, model.version, model.role, slo_p99_s=slo_s)
+            stats = WindowStats(settings.stats_window_seconds, slo_s=slo_s)
             batcher = Batcher(predictor.run, max_batch_size=batching.max_batch_size,
                               max_wait_ms=batching.max_wait_ms,
                               max_queue_size=batching.max_queue_size, name=model.role,
-                              observe_batch=role_metrics.observe_batch,
+                              observe_batch=partial(_observe_batch, role_metrics, stats),
                               observe_queue_wait=role_metrics.queue_wait)
             role_metrics.attach_gauges(queue_depth=partial(_queue_depth, batcher),
                                        in_flight=partial(_in_flight, batcher),
                                        active=partial(self._is_active, model.role))
             self.models[model.role] = ServedModel(model.role, model.version, predictor, batcher,
-                                                  role_metrics,
-                                                  WindowStats(settings.stats_window_seconds,
-                                                              slo_s=slo_s))
+                                                  role_metrics, stats)
 
     def _is_active(self, role: str) -> float:
         return 1.0 if self.active_role == role else 0.0
@@ -232,6 +231,12 @@ class Runtime:
         """Stop the batch loops and their model threads."""
         for served in self.models.values():
             await served.batcher.close()
+
+
+def _observe_batch(role_metrics: metrics.RoleMetrics, stats: WindowStats, rows: int,
+                   seconds: float) -> None:
+    role_metrics.observe_batch(rows, seconds)
+    stats.totals.call(seconds)
 
 
 def _queue_depth(batcher: Batcher) -> float:

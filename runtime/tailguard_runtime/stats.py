@@ -34,9 +34,10 @@ class WindowStats:
     def __init__(self, window_s: float, capacity: int = CAPACITY,
                  slo_s: float | None = None) -> None:
         self.window_s = window_s
-        self.totals = Totals(latency_bounds_s(slo_s))
+        self.totals = Totals(latency_bounds_s(slo_s),
+                             slow_call_s=None if slo_s is None else slo_s / 2.0)
         """Cumulative counts since start, for the SLO guard (``slo_s``: the SLO in seconds,
-        made a bucket edge)."""
+        made a bucket edge; a model call longer than half of it is a slow call)."""
         self._times = np.full(capacity, -np.inf)
         self._latencies = np.zeros(capacity)
         self._ok = np.zeros(capacity, dtype=bool)
@@ -115,10 +116,17 @@ class Totals:
 
     ``bounds_s`` are the latency histogram's upper bounds in seconds (inclusive, as Prometheus'
     ``le``), sorted. Failures of admitted requests and refusals are counted by reason slug.
+    Model calls are counted with their seconds, and apart those longer than ``slow_call_s``
+    (half the SLO: a request that waits for one such call and then runs in the next can miss
+    the SLO with no queue at all; shorter calls miss it only by queueing).
     """
 
-    def __init__(self, bounds_s: Sequence[float]) -> None:
+    def __init__(self, bounds_s: Sequence[float], slow_call_s: float | None = None) -> None:
         self.bounds_s = tuple(bounds_s)
+        self.slow_call_s = slow_call_s
+        self.calls = 0
+        self.slow_calls = 0
+        self.call_seconds = 0.0
         self._buckets = [0] * (len(self.bounds_s) + 1)  # the last is +Inf
         self.admitted = 0
         self.failed: dict[str, int] = {}
@@ -132,6 +140,13 @@ class Totals:
         if failure is not None:
             self.failed[failure] = self.failed.get(failure, 0) + 1
 
+    def call(self, seconds: float) -> None:
+        """Count one model call (one batch) that took ``seconds``."""
+        self.calls += 1
+        self.call_seconds += seconds
+        if self.slow_call_s is not None and seconds > self.slow_call_s:
+            self.slow_calls += 1
+
     def refuse(self, reason: str) -> None:
         """Count one request refused before it reached the queue, by reason slug."""
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -140,8 +155,10 @@ class Totals:
         """The totals as a JSON-ready dict (the shape :mod:`tailguard_operator.observe` reads).
 
         Keys: ``admitted``, ``failed`` and ``refused`` (by reason), ``queueRowSeconds`` (the
-        queue depth's integral over time, passed in, in row-seconds) and ``latencyHistogram``
-        with ``boundsSeconds`` and cumulative ``counts`` (one per bound, then ``+Inf``).
+        queue depth's integral over time, passed in, in row-seconds), ``calls``,
+        ``callSeconds`` and ``slowCalls`` (model calls longer than ``slowCallSeconds``), and
+        ``latencyHistogram`` with ``boundsSeconds`` and cumulative ``counts`` (one per bound,
+        then ``+Inf``).
         """
         counts: list[int] = []
         running = 0
@@ -153,5 +170,9 @@ class Totals:
             "failed": dict(self.failed),
             "refused": dict(self.refused),
             "queueRowSeconds": queue_row_seconds,
+            "calls": self.calls,
+            "callSeconds": self.call_seconds,
+            "slowCalls": self.slow_calls,
+            "slowCallSeconds": self.slow_call_s,
             "latencyHistogram": {"boundsSeconds": list(self.bounds_s), "counts": counts},
         }

@@ -138,6 +138,8 @@ def test_a_primary_too_slow_for_its_slo_is_rolled_back_on_its_own(slow: Up, tmp_
     printed = "".join(slow.printed)
     assert "guarded: automatic rollback to the fallback: the primary breaks the SLO (p99=" in printed
     assert "2 windows in a row" in printed
+    assert re.search(r"guarded: active=primary p99=[\d.]+ms/50ms .* guard=", printed)
+    assert "guard=rolled back" in printed
     # within breachWindows x windowSeconds + 2 s of the end of the first breached window
     first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
                         and w["observed"]["slowFraction"] > 0.01)

@@ -157,3 +157,12 @@ def test_guard_fields_are_no_longer_named_as_not_applied() -> None:
     assert not_applicable({"scaling": {"maxReplicas": 3}}) == [
         "spec.scaling.maxReplicas: not applicable locally (autoscaling needs a cluster; "
         "tailguard up runs one process)"]
+
+
+def test_an_idle_window_fits_the_crd_too() -> None:
+    runtime, guard, clock, _ = guarded(service())
+    clock.now_s += 1.0
+    guard.tick()
+    status = guard.status()
+    jsonschema.validate(status, status_schema())
+    assert "p99Ms" not in status["observed"] and status["guard"]["state"] == "idle"

@@ -23,12 +23,14 @@ SPEC = GuardSpec(p99_latency_ms=50, window_seconds=10, breach_windows=3, recover
 
 def window(role: str, end_s: float, *, admitted: int = 500, slow: int = 0, errors: int = 0,
            timeouts: int = 0, deadline_refused: int = 0, queue_full: int = 0,
-           queue_depth: float = 0.5, replicas: int = 1) -> Observation:
+           queue_depth: float = 0.5, replicas: int = 1, calls: int = 0, slow_calls: int = 0,
+           model_ms: float | None = None) -> Observation:
     p99 = None if not admitted else (80.0 if slow > admitted * 0.01 else 20.0)
     return Observation(role=role, end_s=end_s, window_s=10.0, admitted=admitted, slow=slow,
                        errors=errors, timeouts=timeouts, deadline_refused=deadline_refused,
                        queue_full=queue_full, refused_total=deadline_refused + queue_full,
-                       queue_depth=queue_depth, p99_ms=p99, replicas=replicas)
+                       queue_depth=queue_depth, p99_ms=p99, replicas=replicas, calls=calls,
+                       slow_calls=slow_calls, model_ms=model_ms)
 
 
 GOOD: dict[str, Any] = {"admitted": 500, "slow": 2}                 # 0.4% slower than the SLO
@@ -231,3 +233,25 @@ def test_a_stale_window_is_not_judged() -> None:
 def test_no_windows_at_all_is_idle() -> None:
     d = decide(SPEC, History(), 0.0)
     assert d.state == "idle" and d.action is Action.NOTHING and d.slo_reason == "InsufficientData"
+
+
+def test_a_fast_model_at_capacity_is_overload_by_queueing() -> None:
+    """At capacity (or with the process itself saturated) requests wait before the batcher's
+    queue: the queue depth stays under target while p99 breaks. Every model call took less
+    than half the SLO, so the slow requests waited: more capacity, not another model."""
+    run = Script()
+    decisions = run.steps(10, admitted=600, slow=60, queue_depth=1.5, calls=300, slow_calls=0,
+                          model_ms=17.0)
+    assert all(d.action is Action.OVERLOAD for d in decisions)
+    assert "queueing: 0 of 300 model calls took over 25ms (half the SLO; mean 17ms)" in \
+        decisions[-1].reason
+    # the same breach with slow calls is the model's
+    slow = Script().steps(3, admitted=300, slow=290, queue_depth=2.0, calls=30, slow_calls=30,
+                          model_ms=120.0)
+    assert slow[-1].action is Action.ROLL_BACK
+
+
+def test_errors_are_never_explained_by_fast_calls() -> None:
+    run = Script()
+    run.steps(3, admitted=400, errors=40, calls=200, slow_calls=0, model_ms=5.0)
+    assert run.actions[-1] is Action.ROLL_BACK
