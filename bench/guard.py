@@ -134,14 +134,20 @@ class Poller:
         return [self.windows[k] for k in sorted(self.windows, key=stamp)]
 
 
+SKIPPED: list[int] = []
+"""Requests the generator did not send (its in-flight cap was reached), per load run."""
+
+
 def load(server: Server, name: str, dataset: str, rate: float, seconds: float,
          workdir: Path) -> list[dict[str, Any]]:
-    """Run the open-loop generator; one record per request."""
+    """Run the open-loop generator; one record per request (skips are kept in SKIPPED)."""
     out = workdir / f"answers-{time.monotonic_ns()}.jsonl"
-    subprocess.run([*OPENLOOP, "--url", f"{server.base}/v2/models/{name}/infer", "--dataset",
+    done = subprocess.run([*OPENLOOP, "--url", f"{server.base}/v2/models/{name}/infer", "--dataset",
                     dataset, "--rate", str(rate), "--duration", str(seconds), "--max-requests",
                     str(int(rate * seconds) + 1), "--hard-timeout", str(seconds + 60), "--out",
-                    str(out)], check=True, capture_output=True, timeout=seconds + 120)
+                    str(out)], check=True, capture_output=True, text=True,
+                          timeout=seconds + 120)
+    SKIPPED.append(int(json.loads(done.stdout)["skipped"]))
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -195,7 +201,9 @@ def no_rollback(seconds: float, rate: float, window_s: int, breach: int,
         for a in answers:
             codes[str(a["status"])] = codes.get(str(a["status"]), 0) + 1
         return {"seconds": seconds, "rate": rate, "windowsSeen": len(windows),
-                "windowStates": states, "codes": codes, "rollbacks": server.rollbacks(),
+                "windowStates": states, "codes": codes,
+                "notSentByTheGenerator": SKIPPED[-1] if rate > 0 else 0,
+                "rollbacks": server.rollbacks(),
                 "activeModel": server.status()["activeModel"]}
     finally:
         server.stop()

@@ -18,11 +18,13 @@ The rules (README, "The SLO guard"):
   breach is named ``deadline``: a model too slow to answer anything, not an idle one.
 * Overload explains a breach: mean queue depth per replica above ``scaling.targetQueueDepth``,
   or more than 1% of the offered requests refused because the queue was full, or -- for a
-  latency or deadline breach -- queueing: at most 1% of the window's model calls took longer
-  than half the SLO. A request that waits for one call and then runs in the next misses the SLO
-  only if a call takes more than half of it; with shorter calls, slow requests waited behind
-  several batches (in the queue or in a saturated process), which more capacity fixes and a
-  rollback does not. (This last rule is an addition to the issue's queue-depth rule: at
+  latency or deadline breach -- queueing: the share of the window's model calls that took
+  longer than half the SLO is at most a quarter of the share of judged requests that missed
+  it. A request that waits for one call and then runs in the next misses the SLO only if a call
+  takes more than half of it; when such calls are rare next to the slow requests, most slow
+  requests waited behind several batches (in the queue, or in a saturated process or host),
+  which more capacity fixes and a rollback does not. A slow model makes (nearly) every call
+  slow. (This last rule is an addition to the issue's queue-depth rule: at
   capacity, or with the process itself saturated, requests wait before the batcher's queue and
   the queue depth stays under target while p99 breaks.) An overloaded window never counts
   toward a rollback.
@@ -49,9 +51,10 @@ promise allows 1% (the definition of a 99th percentile)."""
 DEADLINE_SHARE = 0.5
 """More than this share of judged requests refused for their deadline or timed out names the
 breach ``deadline`` (a model that answers almost nothing in time)."""
-SLOW_CALL_SHARE = 0.01
-"""A latency or deadline breach with at most this share of model calls longer than half the
-SLO is queueing (overload), not a slow model."""
+QUEUEING_RATIO = 4.0
+"""A latency or deadline breach is queueing (overload), not a slow model, when the share of
+model calls longer than half the SLO is at most the share of judged requests that missed the
+SLO divided by this."""
 QUEUE_FULL_SHARE = 0.01
 """More than this share of offered requests refused with 429 ``queue_full`` is overload (the
 queue was at ``maxQueueSize``), whatever the mean depth."""
@@ -286,10 +289,10 @@ def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | No
     if offered and obs.queue_full > QUEUE_FULL_SHARE * offered:
         return f"{obs.queue_full} of {offered} requests refused with a full queue, {answer}"
     if (breach in ("latency", "deadline") and obs.calls
-            and obs.slow_calls <= SLOW_CALL_SHARE * obs.calls):
+            and obs.slow_calls / obs.calls <= obs.slow_fraction / QUEUEING_RATIO):
         return (f"queueing: {obs.slow_calls} of {obs.calls} model calls took over "
                 f"{spec.p99_latency_ms / 2:g}ms (half the SLO; mean {obs.model_ms:g}ms), so "
-                f"slow requests waited behind other work, {answer}")
+                f"most slow requests waited behind other work, {answer}")
     return None
 
 

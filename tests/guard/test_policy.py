@@ -240,11 +240,14 @@ def test_a_fast_model_at_capacity_is_overload_by_queueing() -> None:
     queue: the queue depth stays under target while p99 breaks. Every model call took less
     than half the SLO, so the slow requests waited: more capacity, not another model."""
     run = Script()
-    decisions = run.steps(10, admitted=600, slow=60, queue_depth=1.5, calls=300, slow_calls=0,
-                          model_ms=17.0)
+    decisions = run.steps(10, admitted=600, slow=60, queue_depth=1.5, calls=300, slow_calls=7,
+                          model_ms=17.0)  # 2.3% of calls slow (a busy host), 10% of requests
     assert all(d.action is Action.OVERLOAD for d in decisions)
-    assert "queueing: 0 of 300 model calls took over 25ms (half the SLO; mean 17ms)" in \
+    assert "queueing: 7 of 300 model calls took over 25ms (half the SLO; mean 17ms)" in \
         decisions[-1].reason
+    # slow calls as common as slow requests: the model's
+    assert Script().steps(3, admitted=600, slow=60, calls=300, slow_calls=30)[-1].action \
+        is Action.ROLL_BACK
     # the same breach with slow calls is the model's
     slow = Script().steps(3, admitted=300, slow=290, queue_depth=2.0, calls=30, slow_calls=30,
                           model_ms=120.0)
