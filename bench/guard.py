@@ -11,9 +11,10 @@ bench/openloop.py in a separate process:
    ``breachWindows x windowSeconds + 2 s``; and requests that did not get a 200. Between trials
    ``tailguard rollforward`` re-arms the guard (after its cooldown).
 2. **idle** (``--idle-seconds``): no traffic; count rollbacks.
-3. **overload** (``--overload-seconds``): a fast primary (about 90 rows/s of capacity: 15 ms
-   per call, 2 rows per batch) offered ``--overload-rate`` req/s; count rollbacks and the
-   windows the guard called overload.
+3. **overload** (``--overload-seconds``): a primary fast for its SLO (40 ms calls, 200 ms SLO)
+   of small capacity (one row per call, about 24 req/s) offered ``--overload-rate`` req/s
+   (default 100, 4x); count rollbacks and the windows the guard called overload. The capacity
+   is small so that the generator outruns it even on a busy 2-core machine.
 
     python bench/guard.py --trials 5 --idle-seconds 600 --overload-seconds 600
 
@@ -54,11 +55,11 @@ apiVersion: tailguard.dev/v1alpha1
 kind: InferenceService
 metadata: {name: busy}
 spec:
-  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=15"}
+  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=40"}
   fallback: {uri: builtin://iris/logistic-regression}
-  batching: {maxBatchSize: 2, maxQueueSize: 16, timeoutMs: 1000}
-  slo: {p99LatencyMs: 50, windowSeconds: %(window)d, breachWindows: %(breach)d, recoverWindows: %(breach)d, minSamples: 20}
-  scaling: {targetQueueDepth: 4}
+  batching: {maxBatchSize: 1, maxQueueSize: 8, timeoutMs: 2000}
+  slo: {p99LatencyMs: 200, windowSeconds: %(window)d, breachWindows: %(breach)d, recoverWindows: %(breach)d, minSamples: 20}
+  scaling: {targetQueueDepth: 2}
 """
 
 
@@ -217,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--breach-windows", type=int, default=3)
     parser.add_argument("--idle-seconds", type=float, default=600)
     parser.add_argument("--overload-seconds", type=float, default=600)
-    parser.add_argument("--overload-rate", type=float, default=270)
+    parser.add_argument("--overload-rate", type=float, default=100)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

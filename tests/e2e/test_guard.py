@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from test_up import ROOT, TAILGUARD, Up, start_up
+from up_harness import ROOT, TAILGUARD, Up, start_up
 
 OPENLOOP = [sys.executable, str(ROOT / "bench" / "openloop.py")]
 
@@ -40,11 +40,11 @@ apiVersion: tailguard.dev/v1alpha1
 kind: InferenceService
 metadata: {name: busy}
 spec:
-  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=15"}
+  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=40"}
   fallback: {uri: builtin://iris/logistic-regression}
-  batching: {maxBatchSize: 2, maxQueueSize: 16, timeoutMs: 1000}
-  slo: {p99LatencyMs: 50, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
-  scaling: {targetQueueDepth: 4}
+  batching: {maxBatchSize: 1, maxQueueSize: 8, timeoutMs: 2000}
+  slo: {p99LatencyMs: 200, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
+  scaling: {targetQueueDepth: 2}
 """
 
 
@@ -181,14 +181,18 @@ def test_idle_and_overload_never_roll_back(busy: Up, tmp_path: Path) -> None:
         assert {c["type"]: (c["status"], c["reason"]) for c in window["conditions"]}["SLOMet"] == (
             "Unknown", "InsufficientData")
 
-    # a fast primary (about 90 rows/s of capacity) offered 3x that for several windows
+    # a primary fast for its SLO (40 ms calls, 200 ms SLO) but of small capacity (one row per
+    # call: about 24 req/s), offered 4x that for several windows. The capacity is small so that
+    # the generator outruns it even on a busy 2-core machine.
     with StatusPoller(busy) as poller:
-        answers = load(busy, "busy", tmp_path, rate=270, duration_s=6)
+        answers = load(busy, "busy", tmp_path, rate=100, duration_s=8)
     windows = poller.ordered()
     codes = {a["status"] for a in answers}
     assert 429 in codes and 200 in codes and codes <= {200, 429}  # it shed load, nothing failed
-    assert sum(w["guard"]["state"] == "overload" for w in windows) >= 3
-    assert all(w["activeModel"] == "primary" for w in windows)
+    assert sum(w["guard"]["state"] == "overload" for w in windows) >= 2
+    seen = [(w["observed"]["role"], w["guard"]["state"], w["guard"].get("lastDecisionReason"))
+            for w in windows]
+    assert all(w["activeModel"] == "primary" for w in windows), seen
     assert poller.last["guard"].get("rolledBackAt") is None
     assert set(rollbacks(busy, "busy").values()) == {0.0}
     assert "automatic rollback" not in "".join(busy.printed)
