@@ -143,8 +143,9 @@ class Decision:
     the status line show.
 
     ``state``: ``ok``, ``breach``, ``overload``, ``rolledBack`` (also on the decision that rolls
-    back), ``idle`` or ``manual`` (the CRD's ``status.guard.state``); ``breaches``: consecutive breached windows counted toward
-    ``breach_windows``. ``slo_status``/``slo_reason``: the ``SLOMet`` condition. ``breach``: the
+    back), ``idle`` or ``manual`` (the CRD's ``status.guard.state``); ``breaches``: consecutive
+    breached windows counted toward ``breach_windows``. ``slo_status``/``slo_reason``: the
+    ``SLOMet`` condition (``True``/``False``/``Unknown``). ``breach``: the
     kind of the latest window's breach (``latency``, ``deadline``, ``errors``), else ``None``;
     with ``ROLL_BACK`` it is the reason label of ``tailguard_rollbacks_total``.
     """

@@ -16,7 +16,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_rejections_total`` | counter | refused or failed requests, by ``reason`` |
 | ``tailguard_active_model`` | gauge | 1 for the role that traffic goes to, else 0 |
 | ``tailguard_slo_p99_latency_seconds`` | gauge | the declared p99 SLO (when configured) |
-| ``tailguard_rollbacks_total`` | counter | automatic rollbacks by the SLO guard, by ``reason`` (labels ``model``, ``reason``) |
+| ``tailguard_rollbacks_total`` | counter | SLO guard rollbacks (labels ``model``, ``reason``) |
 """
 
 from __future__ import annotations
