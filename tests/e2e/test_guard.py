@@ -158,6 +158,13 @@ def test_a_primary_too_slow_for_its_slo_is_rolled_back_on_its_own(slow: Up, tmp_
     late = [a["role"] for a in answers if a["sent"] > rolled_at + 0.5]
     assert len(late) > 20 and set(late) == {"fallback"}
 
+    # `tailguard status` shows what the guard saw
+    done = subprocess.run([*TAILGUARD, "status", "guarded", "--port", str(slow.port)],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "SLO guard: rolledBack: rolled back automatically (the primary breaks the SLO" in \
+        done.stdout
+
     # an explicit roll-forward re-arms the guard: the primary is judged again, and rolled back again
     done = subprocess.run([*TAILGUARD, "rollforward", "guarded", "--port", str(slow.port)],
                           capture_output=True, text=True, timeout=30, cwd=ROOT)
