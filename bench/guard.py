@@ -176,6 +176,9 @@ def rollback_trials(trials: int, window_s: int, breach: int, workdir: Path) -> d
                 "boundS": breach * window_s + 2,
                 "requests": len(answers),
                 "failed": sum(a["status"] != 200 for a in answers),
+                "failedCodes": sorted({a["status"] for a in answers if a["status"] != 200}),
+                "failedSecondsFromSwitch": [round(a["done"] - rolled, 2) for a in answers
+                                            if a["status"] != 200][:10],
                 "nextWindowP99Ms": after[0]["observed"]["p99Ms"] if after else None,
             })
             time.sleep(breach * window_s)  # the cooldown (recoverWindows x windowSeconds)
@@ -222,12 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        report = {
-            "rollback": rollback_trials(args.trials, args.window_seconds, args.breach_windows, work),
-            "idle": no_rollback(args.idle_seconds, 0, args.window_seconds, args.breach_windows, work),
-            "overload": no_rollback(args.overload_seconds, args.overload_rate,
-                                    args.window_seconds, args.breach_windows, work),
-        }
+        report: dict[str, Any] = {
+            "rollback": rollback_trials(args.trials, args.window_seconds, args.breach_windows, work)}
+        if args.idle_seconds > 0:
+            report["idle"] = no_rollback(args.idle_seconds, 0, args.window_seconds,
+                                         args.breach_windows, work)
+        if args.overload_seconds > 0:
+            report["overload"] = no_rollback(args.overload_seconds, args.overload_rate,
+                                             args.window_seconds, args.breach_windows, work)
     print(json.dumps(report, indent=2))
     return 0
 
