@@ -173,6 +173,9 @@ def _switch(args: argparse.Namespace) -> int:
         return 1
     verb = "now" if reply["changed"] else "already"
     print(f"{args.name}: traffic {verb} goes to {reply['activeModel']}")
+    if args.role == "primary" and reply["changed"]:
+        print(f"{args.name}: the SLO guard judges the primary again from its next window "
+              "(an automatic rollback, if any, is cleared)")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 Reads the same YAML that ``kubectl apply`` takes, validates it with the CRD's own rules, loads
 the primary and the fallback into one runtime process, and serves them at the cluster's paths.
-A loopback-only control route lets ``tailguard rollback NAME`` switch traffic. Shows a live status
-line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains and exits.
+A loopback-only control route lets ``tailguard rollback NAME`` switch traffic, and the SLO guard
+(:mod:`.guard`) judges every window and rolls back a primary that breaks the SLO. Shows a live
+status line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains and exits.
 """
 
 from __future__ import annotations
@@ -19,25 +20,26 @@ from tailguard_runtime.models import Predictor
 from tailguard_runtime.server import DrainingServer, bind_socket, limit_threads, run, serve
 from tailguard_runtime.service import Runtime, load_runtime
 
+from .guard import LocalGuard
 from .spec import InferenceService, SpecError, find_object, parse
 
 CLUSTER_ONLY = {
-    "scaling": "autoscaling needs a cluster; tailguard up runs one process",
+    "scaling.minReplicas": "autoscaling needs a cluster; tailguard up runs one process",
+    "scaling.maxReplicas": "autoscaling needs a cluster; tailguard up runs one process",
+    "scaling.targetCPUUtilization": "autoscaling needs a cluster; tailguard up runs one process",
+    "scaling.behavior": "autoscaling needs a cluster; tailguard up runs one process",
 }
-GUARD_FIELDS = ("rollback", "slo.breachWindows", "slo.recoverWindows", "slo.minSamples")
-"""Fields read only by the automatic SLO guard, which is not built yet."""
+"""Fields that only mean something in a cluster. ``scaling.targetQueueDepth`` is not here: the
+SLO guard reads it locally too (a deeper mean queue is overload, answered by shedding)."""
 
 
-def not_applicable(raw_spec: dict[str, Any], command: str = "tailguard") -> list[str]:
-    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply;
-    ``command`` spells the ``tailguard`` command in them."""
-    lines = [f"spec.{key}: not applicable locally ({why})"
-             for key, why in CLUSTER_ONLY.items() if key in raw_spec]
-    guard = [f"spec.{path}" for path in GUARD_FIELDS if _has(raw_spec, path)]
-    if guard:
-        lines.append(f"{', '.join(guard)}: not applied yet (the automatic SLO guard is not built "
-                     f"yet; switch traffic by hand with `{command} rollback`)")
-    return lines
+def not_applicable(raw_spec: dict[str, Any]) -> list[str]:
+    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply."""
+    named = [path for path in CLUSTER_ONLY if _has(raw_spec, path)]
+    if not named:
+        return []
+    return [f"{', '.join('spec.' + p for p in named)}: not applicable locally "
+            f"({CLUSTER_ONLY[named[0]]})"]
 
 
 def _has(mapping: dict[str, Any], dotted: str) -> bool:
@@ -48,23 +50,28 @@ def _has(mapping: dict[str, Any], dotted: str) -> bool:
     return True
 
 
-def status_line(runtime: Runtime, now: float) -> str:
-    """One line: active model, p99 and p50 (ms), queue depth (rows), admitted req/s, refusals."""
+def status_line(runtime: Runtime, now: float, guard: LocalGuard | None = None) -> str:
+    """One line: active model, p99 against the SLO and p50 (ms, exact over the sliding window),
+    queue depth (rows), admitted req/s, refusals, and the SLO guard's state."""
     served = runtime.active
     snap = served.stats.snapshot(now, served.batcher.queue_depth)
     p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}ms"
     p50 = "-" if snap["p50Ms"] is None else f"{snap['p50Ms']:.1f}ms"
-    return (f"{runtime.name}: active={runtime.active_role} p99={p99} p50={p50} "
+    slo = runtime.settings.slo_p99_ms
+    target = "" if slo is None else f"/{slo:g}ms"
+    state = "" if guard is None else f" guard={guard.label()}"
+    return (f"{runtime.name}: active={runtime.active_role} p99={p99}{target} p50={p50} "
             f"queue={snap['queueDepth']} req/s={snap['requestsPerSecond']:.0f} "
-            f"errors={snap['errors']} rejected={snap['rejectedTotal']} "
+            f"errors={snap['errors']} rejected={snap['rejectedTotal']}{state} "
             f"(last {snap['windowSeconds']:.0f}s)")
 
 
-async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: bool) -> None:
+async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: bool,
+                        guard: LocalGuard | None = None) -> None:
     """Print :func:`status_line` every ``interval_s`` seconds, rewriting one line if ``live``."""
     while True:
         await asyncio.sleep(interval_s)
-        line = status_line(runtime, time.perf_counter())
+        line = status_line(runtime, time.perf_counter(), guard)
         if live:
             out.write("\r\x1b[2K" + line)
         else:
@@ -97,7 +104,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     traffic = logging.getLogger("tailguard_runtime.traffic")
     if not traffic.isEnabledFor(logging.INFO):
         traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says
-    for line in not_applicable(written.get("spec") or {}, command):
+    for line in not_applicable(written.get("spec") or {}):
         print(f"note: {line}", file=out)
     try:  # before the (possibly slow) model load, so a busy port fails at once
         sock = bind_socket(host, port)
@@ -114,9 +121,14 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     base = f"http://{host}:{bound}"
     print(_banner(isvc, base, command), file=out, flush=True)
     live = out.isatty()
+    guard = LocalGuard(runtime, isvc, out)
+    runtime.status_source = guard.status
 
     async def started(server: DrainingServer) -> None:
-        await report_status(runtime, out, 1.0 if live else float(isvc.slo.window_seconds), live)
+        await asyncio.gather(
+            guard.run(),
+            report_status(runtime, out, 1.0 if live else float(isvc.slo.window_seconds), live,
+                          guard))
 
     run(serve(runtime, sock, on_started=started))
     if live:
@@ -166,6 +178,9 @@ def _banner(isvc: InferenceService, base: str, command: str) -> str:
         f"  batching   maxBatchSize={b.max_batch_size} maxWaitMs={b.max_wait_ms:g} "
         f"maxQueueSize={b.max_queue_size} timeoutMs={b.timeout_ms:g}; "
         f"SLO p99 {isvc.slo.p99_latency_ms} ms",
+        "  SLO guard  " + (f"rolls back after {isvc.slo.breach_windows} breached windows of "
+                           f"{isvc.slo.window_seconds}s" if isvc.automatic_rollback
+                           else "reports only (rollback.automatic: false)"),
         f"  roll back  {command} rollback {isvc.name}{port}",
         f"  and back   {command} rollforward {isvc.name}{port}",
         f"  status     {command} status {isvc.name}{port}",

@@ -48,13 +48,15 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class SLO:
-    """``spec.slo``: the p99 promise (ms) and how windows (s) judge it."""
+    """``spec.slo``: the p99 promise (ms) and how windows (s) judge it. ``max_error_rate`` is a
+    share of admitted requests (0 to 1)."""
 
     p99_latency_ms: int
     window_seconds: int
     breach_windows: int
     recover_windows: int
     min_samples: int
+    max_error_rate: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def parse(obj: Mapping[str, Any], *, default_namespace: str = "default") -> Infe
         fallback=_model_ref(spec["fallback"]),
         batching=BatchingSettings.from_spec(spec["batching"]),
         slo=SLO(slo["p99LatencyMs"], slo["windowSeconds"], slo["breachWindows"],
-                slo["recoverWindows"], slo["minSamples"]),
+                slo["recoverWindows"], slo["minSamples"], float(slo["maxErrorRate"])),
         scaling=Scaling(scaling["minReplicas"], scaling["maxReplicas"],
                         scaling["targetQueueDepth"], scaling["targetCPUUtilization"],
                         scaling.get("behavior")),

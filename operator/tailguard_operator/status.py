@@ -33,6 +33,9 @@ def live_lines(stats: Mapping[str, Any]) -> list[str]:
         lines.append(f"  last switch: {switch['from']} -> {switch['to']} by {switch['by']} "
                      f"at {switch['at']}")
     slo = stats.get("sloP99Ms")
+    guard = (stats.get("status") or {}).get("guard") or {}
+    if guard.get("state"):
+        lines.append(f"  SLO guard: {guard['state']}: {guard.get('lastDecisionReason', '')}")
     for role, snap in stats["models"].items():
         identity = served.get(role, {})
         marker = " (active)" if role == active else ""

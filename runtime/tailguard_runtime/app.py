@@ -189,7 +189,7 @@ class InferenceApp:
         # admitted = the request reached the queue; its latency counts toward the SLO
         if admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
             served.metrics.request_duration(now - arrival)
-            served.stats.admitted(now, now - arrival, False)
+            served.stats.admitted(now, now - arrival, False, exc.reason)
         else:
             served.stats.refused(now, exc.reason)
 
@@ -259,13 +259,23 @@ def build_app(runtime: Runtime) -> InferenceApp:
         return {"name": runtime.name, "activeModel": runtime.active_role,
                 "ready": runtime.ready and not runtime.draining, **runtime.describe(),
                 "models": {role: s.stats.snapshot(now, s.batcher.queue_depth)
-                           for role, s in runtime.models.items()}}
+                           for role, s in runtime.models.items()},
+                "totals": runtime.totals(now),
+                **({} if runtime.status_source is None
+                   else {"status": runtime.status_source()})}
 
     if runtime.settings.control_routes:
         @api.get("/tailguard/traffic")
         async def get_traffic() -> dict[str, Any]:
             return {"name": runtime.name, "activeModel": runtime.active_role,
                     "roles": list(runtime.models)}
+
+        @api.get("/tailguard/status")
+        async def get_status() -> dict[str, Any]:
+            doc: dict[str, Any] = {"activeModel": runtime.active_role}
+            if runtime.status_source is not None:
+                doc.update(runtime.status_source())
+            return {"name": runtime.name, "status": doc}
 
         @api.post("/tailguard/traffic")
         async def set_traffic(request: Request) -> Any:

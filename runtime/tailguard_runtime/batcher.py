@@ -177,10 +177,29 @@ class Batcher:
         self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._depth_row_s = 0.0
+        self._depth_at: float | None = None
+
+    def _account(self, now: float) -> None:
+        """Add the queue depth since the last change to the row-seconds integral; call just
+        before ``queued_rows`` changes, with ``now`` in ``perf_counter`` seconds."""
+        if self._depth_at is not None:
+            self._depth_row_s += self.queue.queued_rows * (now - self._depth_at)
+        self._depth_at = now
+
+    def queue_row_seconds(self, now: float) -> float:
+        """Cumulative integral of the queue depth over time since :meth:`start`, in row-seconds
+        (``now`` in ``perf_counter`` seconds). Its difference between two reads divided by the
+        seconds between them is the exact mean queue depth (rows) of that window, and sums over
+        replicas, which a sampled gauge is not."""
+        if self._depth_at is None:
+            return self._depth_row_s
+        return self._depth_row_s + self.queue.queued_rows * (now - self._depth_at)
 
     def start(self) -> None:
         """Start the batch loop on the running event loop."""
         self._loop = asyncio.get_running_loop()
+        self._depth_at = perf_counter()
         self._task = self._loop.create_task(self._guarded_loop(), name="tailguard-batch-loop")
 
     async def submit(self, x: np.ndarray, timeout_s: float) -> Outputs:
@@ -206,6 +225,7 @@ class Batcher:
         future: asyncio.Future[Outputs] = loop.create_future()
         request = Request(x, now, now + timeout_s, future)
         request.timer = loop.call_later(timeout_s, self._expire, request)
+        self._account(now)
         queue.push(request)
         self.in_flight.add(request)
         wakeup = self._wakeup
@@ -214,6 +234,7 @@ class Batcher:
         try:
             return await future
         except asyncio.CancelledError:
+            self._account(perf_counter())
             queue.discard(request)
             raise
         finally:
@@ -256,6 +277,7 @@ class Batcher:
 
     def _expire(self, request: Request) -> None:
         if not request.future.done():
+            self._account(perf_counter())
             self.queue.discard(request)
             request.future.set_exception(DeadlineExceeded(
                 f"deadline of {(request.deadline - request.arrival) * 1000:.0f} ms passed "
@@ -288,6 +310,7 @@ class Batcher:
                     timer.cancel()
                 continue
             now = perf_counter()
+            self._account(now)
             segments, expired = queue.take(now)
             for request in expired:
                 self._expire(request)

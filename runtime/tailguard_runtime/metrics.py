@@ -16,6 +16,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_rejections_total`` | counter | refused or failed requests, by ``reason`` |
 | ``tailguard_active_model`` | gauge | 1 for the role that traffic goes to, else 0 |
 | ``tailguard_slo_p99_latency_seconds`` | gauge | the declared p99 SLO (when configured) |
+| ``tailguard_rollbacks_total`` | counter | SLO guard rollbacks (labels ``model``, ``reason``) |
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ REJECTIONS = Counter("tailguard_rejections", "Refused or failed inference reques
 ACTIVE = Gauge("tailguard_active_model", "1 for the role that traffic goes to, else 0.", LABELS)
 SLO_P99 = Gauge("tailguard_slo_p99_latency_seconds",
                 "The declared p99 latency SLO (spec.slo.p99LatencyMs).", LABELS)
+
+ROLLBACKS = Counter("tailguard_rollbacks",
+                    "Automatic rollbacks by the SLO guard, by the breach that caused them.",
+                    ("model", "reason"))
+ROLLBACK_REASONS = ("latency", "deadline", "errors")
+"""The breach kinds of :mod:`tailguard_operator.policy`, in the order it reports them."""
 
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body", "too_large",
                      "invalid_input", "draining",
@@ -113,3 +120,16 @@ def bind(model: str, version: str, role: str, *, slo_p99_s: float | None = None)
         count_ok=REQUESTS.labels(*labels, "200").inc,
         labels=labels,
     )
+
+
+def bind_rollbacks(model: str) -> Callable[[str], None]:
+    """The rollback counter of one InferenceService: call the result with a reason from
+    :data:`ROLLBACK_REASONS` to count one automatic rollback. Every reason is exported as 0
+    from the start."""
+    for reason in ROLLBACK_REASONS:
+        ROLLBACKS.labels(model, reason)
+
+    def count(reason: str) -> None:
+        ROLLBACKS.labels(model, reason).inc()
+
+    return count

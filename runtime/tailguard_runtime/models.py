@@ -5,11 +5,13 @@ Two URI schemes:
 * ``file:///abs/path/model.joblib`` -- a scikit-learn estimator saved with ``joblib.dump``.
   An optional ``sha256`` is checked before the file is unpickled. A joblib file is code: load
   only files you trust.
-* ``builtin://<dataset>/<estimator>[?trees=N]`` -- a demo model trained deterministically at
-  startup (``random_state=0``) on a dataset that ships inside scikit-learn (no download):
-  datasets ``iris``, ``wine``, ``breast_cancer``, ``digits``; estimators ``logistic-regression``
-  and ``random-forest`` (``trees`` sets ``n_estimators``, default 100, so a deliberately slow
-  primary can be declared).
+* ``builtin://<dataset>/<estimator>[?trees=N][&delayMs=N]`` -- a demo model trained
+  deterministically at startup (``random_state=0``) on a dataset that ships inside scikit-learn
+  (no download): datasets ``iris``, ``wine``, ``breast_cancer``, ``digits``; estimators
+  ``logistic-regression`` and ``random-forest`` (``trees`` sets ``n_estimators``, default 100).
+  ``delayMs`` (0 to 9999) adds a declared artificial delay of that many ms to every model call
+  (one sleep per batch, not per row, holding no CPU), so a deliberately slow primary can be
+  declared for tests and demos of the SLO guard.
 
 Every failure is a :class:`~tailguard_runtime.errors.ModelLoadError` whose message starts with the
 URI. Models run with ``n_jobs=1``; BLAS/OpenMP threads are limited by the server at startup.
@@ -17,9 +19,11 @@ URI. Models run with ``n_jobs=1``; BLAS/OpenMP threads are limited by the server
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +38,7 @@ logger = logging.getLogger(__name__)
 DATASETS = ("iris", "wine", "breast_cancer", "digits")
 ESTIMATORS = ("logistic-regression", "random-forest")
 MAX_TREES = 9999
+MAX_DELAY_MS = 9999
 
 
 @dataclass(frozen=True)
@@ -81,14 +86,39 @@ def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True
             a file that is not a fitted estimator. The message starts with the URI.
     """
     parts = urlsplit(uri)
+    delay_ms = 0
     if parts.scheme == "builtin":
-        estimator = _train_builtin(uri, parts.netloc, parts.path.strip("/"), parse_qs(parts.query))
+        query = parse_qs(parts.query)
+        delay_ms = _delay_ms(uri, query.pop("delayMs", None))
+        estimator = _train_builtin(uri, parts.netloc, parts.path.strip("/"), query)
     elif parts.scheme == "file":
         estimator = _load_file(uri, Path(unquote(parts.path)), sha256)
     else:
         raise ModelLoadError(f"{uri}: unknown model URI scheme {parts.scheme!r}; "
                              "expected file:///path/model.joblib or builtin://<dataset>/<estimator>")
-    return wrap_estimator(uri, estimator, fast_forests=fast_forests)
+    predictor = wrap_estimator(uri, estimator, fast_forests=fast_forests)
+    if delay_ms:
+        predictor = dataclasses.replace(predictor, run=_delayed(predictor.run, delay_ms / 1000.0))
+    return predictor
+
+
+def _delay_ms(uri: str, raw: list[str] | None) -> int:
+    if raw is None:
+        return 0
+    if not raw[-1].isdigit() or int(raw[-1]) > MAX_DELAY_MS:
+        raise ModelLoadError(f"{uri}: delayMs must be an integer from 0 to {MAX_DELAY_MS}, "
+                             f"got {raw[-1]!r}")
+    return int(raw[-1])
+
+
+def _delayed(run: Callable[[np.ndarray], tuple[np.ndarray, ...]],
+             delay_s: float) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
+    """``run`` that first sleeps ``delay_s`` seconds (in the model thread, releasing the GIL)."""
+    def slow_run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        time.sleep(delay_s)
+        return run(x)
+
+    return slow_run
 
 
 def forest_predict_proba(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
@@ -220,7 +250,7 @@ def _train_builtin(uri: str, dataset: str, estimator: str, query: dict[str, list
     unknown = set(query) - {"trees"}
     if unknown or (estimator != "random-forest" and query):
         raise ModelLoadError(f"{uri}: unknown option(s) {sorted(query)}; only random-forest "
-                             "takes ?trees=N")
+                             "takes ?trees=N, and any builtin model takes delayMs=N")
     x, y = load_dataset(dataset)
     if estimator == "random-forest":
         raw = query.get("trees", ["100"])[-1]

@@ -126,23 +126,26 @@ class Runtime:
         self.keep_alive = True
         """False on a pod that traffic has left (cluster mode): answers carry ``Connection:
         close`` so clients holding keep-alive connections reconnect through the Service."""
+        self.status_source: Callable[[], dict[str, Any]] | None = None
+        """Set by ``tailguard up``: the InferenceService's status as its SLO guard keeps it (the
+        CRD's ``status`` shape), served by the loopback ``GET /tailguard/status``."""
         batching = settings.batching
         self.models: dict[str, ServedModel] = {}
         for model in settings.models:
             predictor = predictors[model.role]
             slo_s = None if settings.slo_p99_ms is None else settings.slo_p99_ms / 1000.0
             role_metrics = metrics.bind(settings.name, model.version, model.role, slo_p99_s=slo_s)
+            stats = WindowStats(settings.stats_window_seconds, slo_s=slo_s)
             batcher = Batcher(predictor.run, max_batch_size=batching.max_batch_size,
                               max_wait_ms=batching.max_wait_ms,
                               max_queue_size=batching.max_queue_size, name=model.role,
-                              observe_batch=role_metrics.observe_batch,
+                              observe_batch=partial(_observe_batch, role_metrics, stats),
                               observe_queue_wait=role_metrics.queue_wait)
             role_metrics.attach_gauges(queue_depth=partial(_queue_depth, batcher),
                                        in_flight=partial(_in_flight, batcher),
                                        active=partial(self._is_active, model.role))
             self.models[model.role] = ServedModel(model.role, model.version, predictor, batcher,
-                                                  role_metrics,
-                                                  WindowStats(settings.stats_window_seconds))
+                                                  role_metrics, stats)
 
     def _is_active(self, role: str) -> float:
         return 1.0 if self.active_role == role else 0.0
@@ -165,6 +168,12 @@ class Runtime:
             raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
                                 f"version {served.version!r}")
         return served
+
+    def totals(self, now: float) -> dict[str, Any]:
+        """Cumulative counts per role (:meth:`~tailguard_runtime.stats.Totals.snapshot`), read at
+        ``now`` (``perf_counter`` seconds): what the SLO guard differences into windows."""
+        return {role: served.stats.totals.snapshot(served.batcher.queue_row_seconds(now))
+                for role, served in self.models.items()}
 
     def switch(self, role: str, *, by: str = "api",
                now: datetime.datetime | None = None) -> bool:
@@ -222,6 +231,12 @@ class Runtime:
         """Stop the batch loops and their model threads."""
         for served in self.models.values():
             await served.batcher.close()
+
+
+def _observe_batch(role_metrics: metrics.RoleMetrics, stats: WindowStats, rows: int,
+                   seconds: float) -> None:
+    role_metrics.observe_batch(rows, seconds)
+    stats.totals.call(seconds)
 
 
 def _queue_depth(batcher: Batcher) -> float:

@@ -1,15 +1,19 @@
-"""Sliding-window statistics for the JSON stats endpoint and the SLO guard.
+"""Request statistics of one served model: a sliding window for people, cumulative totals for
+the SLO guard.
 
 Admitted requests (answered 200, 504 or a model error) contribute their latency; refusals
 (429, 413, 4xx input errors, 503) are counted apart, so shedding load never looks like meeting the
-SLO. Percentiles are exact over the window's samples; the latency histogram uses the Prometheus
-buckets so several replicas' windows can be merged by adding counts.
+SLO. :class:`WindowStats` gives exact percentiles over a sliding window (the status line, the
+JSON stats endpoint). :class:`Totals` only ever grows: the guard differences two reads to get one
+window, so windows never overlap and several replicas sum exactly; its latency histogram has the
+SLO itself as a bucket edge, so "slower than the SLO" is an exact count, not an interpolation.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -27,8 +31,13 @@ class WindowStats:
     O(1) (a write into preallocated arrays); :meth:`snapshot` is vectorised over the window.
     """
 
-    def __init__(self, window_s: float, capacity: int = CAPACITY) -> None:
+    def __init__(self, window_s: float, capacity: int = CAPACITY,
+                 slo_s: float | None = None) -> None:
         self.window_s = window_s
+        self.totals = Totals(latency_bounds_s(slo_s),
+                             slow_call_s=None if slo_s is None else slo_s / 2.0)
+        """Cumulative counts since start, for the SLO guard (``slo_s``: the SLO in seconds,
+        made a bucket edge; a model call longer than half of it is a slow call)."""
         self._times = np.full(capacity, -np.inf)
         self._latencies = np.zeros(capacity)
         self._ok = np.zeros(capacity, dtype=bool)
@@ -36,8 +45,10 @@ class WindowStats:
         self._capacity = capacity
         self._refused: deque[tuple[float, str]] = deque(maxlen=capacity)
 
-    def admitted(self, now: float, latency_s: float, ok: bool) -> None:
-        """Record an admitted request answered at ``now``; ``ok`` is False for 504/model errors."""
+    def admitted(self, now: float, latency_s: float, ok: bool, reason: str | None = None) -> None:
+        """Record an admitted request answered at ``now``; ``ok`` is False for 504/model errors,
+        ``reason`` then the failure's slug (``deadline_exceeded``, ``model_error``, ...)."""
+        self.totals.admit(latency_s, None if ok else (reason or "internal"))
         i = self._next
         self._times[i] = now
         self._latencies[i] = latency_s
@@ -46,6 +57,7 @@ class WindowStats:
 
     def refused(self, now: float, reason: str) -> None:
         """Record a request refused without reaching the model."""
+        self.totals.refuse(reason)
         self._refused.append((now, reason))
 
     def snapshot(self, now: float, queue_depth: int) -> dict[str, Any]:
@@ -87,3 +99,80 @@ class WindowStats:
 
 
 _BOUNDS = np.asarray(LATENCY_BUCKETS_S)
+
+
+def latency_bounds_s(slo_s: float | None) -> tuple[float, ...]:
+    """The latency histogram's upper bounds in seconds: the Prometheus buckets
+    (:data:`~tailguard_runtime.metrics.LATENCY_BUCKETS_S`) plus ``slo_s`` when given, sorted, so
+    that the SLO is an exact bucket edge."""
+    bounds = set(LATENCY_BUCKETS_S)
+    if slo_s is not None:
+        bounds.add(slo_s)
+    return tuple(sorted(bounds))
+
+
+class Totals:
+    """Cumulative counts of one served model since the process started. Never decreases.
+
+    ``bounds_s`` are the latency histogram's upper bounds in seconds (inclusive, as Prometheus'
+    ``le``), sorted. Failures of admitted requests and refusals are counted by reason slug.
+    Model calls are counted with their seconds, and apart those longer than ``slow_call_s``
+    (half the SLO: a request that waits for one such call and then runs in the next can miss
+    the SLO with no queue at all; shorter calls miss it only by queueing).
+    """
+
+    def __init__(self, bounds_s: Sequence[float], slow_call_s: float | None = None) -> None:
+        self.bounds_s = tuple(bounds_s)
+        self.slow_call_s = slow_call_s
+        self.calls = 0
+        self.slow_calls = 0
+        self.call_seconds = 0.0
+        self._buckets = [0] * (len(self.bounds_s) + 1)  # the last is +Inf
+        self.admitted = 0
+        self.failed: dict[str, int] = {}
+        self.refused: dict[str, int] = {}
+
+    def admit(self, latency_s: float, failure: str | None) -> None:
+        """Count one admitted request of ``latency_s`` seconds; ``failure`` is its reason slug
+        when it failed (504, model error), else ``None``."""
+        self._buckets[bisect.bisect_left(self.bounds_s, latency_s)] += 1
+        self.admitted += 1
+        if failure is not None:
+            self.failed[failure] = self.failed.get(failure, 0) + 1
+
+    def call(self, seconds: float) -> None:
+        """Count one model call (one batch) that took ``seconds``."""
+        self.calls += 1
+        self.call_seconds += seconds
+        if self.slow_call_s is not None and seconds > self.slow_call_s:
+            self.slow_calls += 1
+
+    def refuse(self, reason: str) -> None:
+        """Count one request refused before it reached the queue, by reason slug."""
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def snapshot(self, queue_row_seconds: float) -> dict[str, Any]:
+        """The totals as a JSON-ready dict (the shape :mod:`tailguard_operator.observe` reads).
+
+        Keys: ``admitted``, ``failed`` and ``refused`` (by reason), ``queueRowSeconds`` (the
+        queue depth's integral over time, passed in, in row-seconds), ``calls``,
+        ``callSeconds`` and ``slowCalls`` (model calls longer than ``slowCallSeconds``), and
+        ``latencyHistogram`` with ``boundsSeconds`` and cumulative ``counts`` (one per bound,
+        then ``+Inf``).
+        """
+        counts: list[int] = []
+        running = 0
+        for n in self._buckets:
+            running += n
+            counts.append(running)
+        return {
+            "admitted": self.admitted,
+            "failed": dict(self.failed),
+            "refused": dict(self.refused),
+            "queueRowSeconds": queue_row_seconds,
+            "calls": self.calls,
+            "callSeconds": self.call_seconds,
+            "slowCalls": self.slow_calls,
+            "slowCallSeconds": self.slow_call_s,
+            "latencyHistogram": {"boundsSeconds": list(self.bounds_s), "counts": counts},
+        }

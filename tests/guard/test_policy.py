@@ -1,0 +1,260 @@
+"""The SLO guard's decision over scripted window sequences, on a fake clock.
+
+Each script feeds one window per step to :func:`decide` the way ``tailguard up`` does (remember
+the window, decide, apply the decision), with the clock advanced by ``windowSeconds`` per
+window; no real time passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tailguard_operator.observe import Observation
+from tailguard_operator.policy import (Action, Decision, GuardSpec, History, applied, decide,
+                                       effective_traffic, remember, rolled_forward)
+
+SPEC = GuardSpec(p99_latency_ms=50, window_seconds=10, breach_windows=3, recover_windows=6,
+                 min_samples=50, max_error_rate=0.01, target_queue_depth=8, automatic=True,
+                 traffic="primary", primary="builtin://digits/random-forest@1", max_replicas=1)
+
+
+def window(role: str, end_s: float, *, admitted: int = 500, slow: int = 0, errors: int = 0,
+           timeouts: int = 0, deadline_refused: int = 0, queue_full: int = 0,
+           queue_depth: float = 0.5, replicas: int = 1, calls: int = 0, slow_calls: int = 0,
+           model_ms: float | None = None) -> Observation:
+    p99 = None if not admitted else (80.0 if slow > admitted * 0.01 else 20.0)
+    return Observation(role=role, end_s=end_s, window_s=10.0, admitted=admitted, slow=slow,
+                       errors=errors, timeouts=timeouts, deadline_refused=deadline_refused,
+                       queue_full=queue_full, refused_total=deadline_refused + queue_full,
+                       queue_depth=queue_depth, p99_ms=p99, replicas=replicas, calls=calls,
+                       slow_calls=slow_calls, model_ms=model_ms)
+
+
+GOOD: dict[str, Any] = {"admitted": 500, "slow": 2}                 # 0.4% slower than the SLO
+SLOW: dict[str, Any] = {"admitted": 300, "slow": 290, "queue_depth": 2.0}   # a slow model, low queue
+IDLE: dict[str, Any] = {"admitted": 3}
+OVERLOAD: dict[str, Any] = {"admitted": 4000, "slow": 3000, "queue_depth": 60.0,
+                            "deadline_refused": 500, "queue_full": 2000}
+ERRORS: dict[str, Any] = {"admitted": 400, "errors": 40}
+DEADLINE: dict[str, Any] = {"admitted": 10, "slow": 10, "timeouts": 10, "errors": 10,
+                            "deadline_refused": 190, "queue_depth": 0.1}
+
+
+class Script:
+    """Feeds windows to the guard on a fake clock and applies its decisions."""
+
+    def __init__(self, spec: GuardSpec = SPEC) -> None:
+        self.spec = spec
+        self.history = History()
+        self.now_s = 1000.0
+        self.decisions: list[Decision] = []
+
+    def step(self, **kw: Any) -> Decision:
+        self.now_s += self.spec.window_seconds
+        role = effective_traffic(self.spec, self.history)
+        self.history = remember(self.spec, self.history, window(role, self.now_s, **kw))
+        decision = decide(self.spec, self.history, self.now_s)
+        self.history = applied(self.spec, self.history, decision, self.now_s)
+        self.decisions.append(decision)
+        return decision
+
+    def steps(self, n: int, **kw: Any) -> list[Decision]:
+        return [self.step(**kw) for _ in range(n)]
+
+    def roll_forward(self) -> None:
+        self.history = rolled_forward(self.history, self.now_s)
+
+    @property
+    def actions(self) -> list[Action]:
+        return [d.action for d in self.decisions]
+
+
+def test_steady_good_traffic_is_ok_and_met() -> None:
+    run = Script()
+    decisions = run.steps(20, **GOOD)
+    assert all(d.action is Action.NOTHING and d.state == "ok" for d in decisions)
+    assert decisions[-1].slo_status == "True" and decisions[-1].slo_reason == "SLOMet"
+    assert decisions[-1].label == "ok" and "p99=20ms <= 50ms" in decisions[-1].reason
+
+
+def test_idle_is_unknown_never_a_breach() -> None:
+    run = Script()
+    for d in run.steps(10, **IDLE) + run.steps(5, admitted=0):
+        assert d.action is Action.NOTHING and d.state == "idle" and d.label == "idle"
+        assert (d.slo_status, d.slo_reason) == ("Unknown", "InsufficientData")
+
+
+def test_idle_windows_between_breaches_end_the_streak() -> None:
+    run = Script()
+    run.steps(2, **SLOW)
+    run.step(**IDLE)
+    assert [d.label for d in run.steps(2, **SLOW)] == ["breach 1/3", "breach 2/3"]
+    assert Action.ROLL_BACK not in run.actions
+
+
+@pytest.mark.parametrize("max_replicas, replicas, wording", [
+    (5, 2, "scaling's job"), (1, 1, "shedding with 429 is the answer on one machine"),
+    (5, 5, "at maxReplicas=5")])
+def test_overload_is_not_a_broken_model(max_replicas: int, replicas: int, wording: str) -> None:
+    run = Script(replace(SPEC, max_replicas=max_replicas))
+    decisions = run.steps(12, **OVERLOAD, replicas=replicas)
+    assert all(d.action is Action.OVERLOAD and d.state == "overload" for d in decisions)
+    last = decisions[-1]
+    assert (last.slo_status, last.slo_reason) == ("False", "Overloaded")
+    assert wording in last.reason and "queue 60.0 rows/replica > targetQueueDepth 8" in last.reason
+
+
+def test_a_full_queue_is_overload_even_when_the_mean_depth_is_low() -> None:
+    run = Script()
+    d = run.step(admitted=300, slow=100, queue_depth=3.0, queue_full=50)
+    assert d.action is Action.OVERLOAD and "50 of 350 requests refused with a full queue" in d.reason
+
+
+def test_a_slow_model_at_a_low_queue_is_rolled_back_after_exactly_breach_windows() -> None:
+    run = Script()
+    run.steps(3, **GOOD)
+    decisions = run.steps(3, **SLOW)
+    assert [d.label for d in decisions] == ["breach 1/3", "breach 2/3", "rolled back"]
+    assert decisions[-1].breaches == 3
+    assert [d.action for d in decisions] == [Action.NOTHING, Action.NOTHING, Action.ROLL_BACK]
+    last = decisions[-1]
+    assert last.breach == "latency" and (last.slo_status, last.slo_reason) == ("False", "LatencyBreached")
+    assert "p99=80ms > 50ms: 96.7% of 300 requests slower than the SLO, 3 windows in a row" in last.reason
+    assert effective_traffic(SPEC, run.history) == "fallback"
+
+
+def test_one_spike_does_nothing() -> None:
+    run = Script()
+    run.steps(3, **GOOD)
+    assert run.step(**SLOW).label == "breach 1/3"
+    run.steps(10, **GOOD)
+    run.step(**SLOW)
+    run.step(**GOOD)
+    assert Action.ROLL_BACK not in run.actions and run.decisions[-1].state == "ok"
+
+
+def test_exactly_one_percent_slower_is_still_met() -> None:
+    run = Script()
+    assert run.step(admitted=1000, slow=10).state == "ok"
+    assert run.step(admitted=1000, slow=11).state == "breach"
+
+
+def test_errors_roll_back() -> None:
+    run = Script()
+    decisions = run.steps(3, **ERRORS)
+    assert decisions[-1].action is Action.ROLL_BACK and decisions[-1].breach == "errors"
+    assert decisions[-1].slo_reason == "ErrorsBreached"
+    assert "error rate 10.0% > maxErrorRate 0.01 (40 of 400)" in decisions[-1].reason
+
+
+def test_nearly_everything_refused_for_its_deadline_is_a_breach_not_unknown() -> None:
+    """Only 10 admitted requests (fewer than minSamples) because 190 more were refused for
+    their deadline: a model that answers nothing in time must not look idle."""
+    run = Script()
+    first = run.step(**DEADLINE)
+    assert first.state == "breach" and first.breach == "deadline"
+    assert (first.slo_status, first.slo_reason) == ("False", "DeadlineBreached")
+    assert "200 of 200 requests refused for their deadline or timed out" in first.reason
+    run.steps(2, **DEADLINE)
+    assert run.actions[-1] is Action.ROLL_BACK
+
+
+def test_after_a_rollback_continued_breach_takes_no_second_action() -> None:
+    run = Script()
+    run.steps(3, **SLOW)
+    assert run.actions == [Action.NOTHING, Action.NOTHING, Action.ROLL_BACK]
+    later = run.steps(30, **SLOW)  # now the fallback's windows, and they breach too
+    assert all(d.action is Action.NOTHING and d.state == "rolledBack" for d in later)
+    assert later[-1].label == "rolled back" and "until a person rolls forward" in later[-1].reason
+    assert effective_traffic(SPEC, run.history) == "fallback"
+
+
+def test_roll_forward_re_arms_and_a_new_breach_acts_again() -> None:
+    run = Script()
+    run.steps(3, **SLOW)
+    run.steps(10, **GOOD)  # on the fallback, longer than the cooldown (6 windows)
+    run.roll_forward()
+    assert effective_traffic(SPEC, run.history) == "primary"
+    again = run.steps(3, **SLOW)
+    assert [d.action for d in again] == [Action.NOTHING, Action.NOTHING, Action.ROLL_BACK]
+    assert run.actions.count(Action.ROLL_BACK) == 2
+
+
+def test_one_action_per_cooldown_even_after_a_roll_forward() -> None:
+    run = Script()
+    run.steps(3, **SLOW)
+    run.roll_forward()  # at once: the cooldown (6 windows from the rollback) still holds
+    decisions = run.steps(6, **SLOW)
+    assert [d.action for d in decisions].index(Action.ROLL_BACK) == 5
+    assert "cooldown" in decisions[2].reason
+
+
+def test_windows_before_a_roll_forward_never_count() -> None:
+    run = Script(replace(SPEC, recover_windows=3))
+    run.steps(2, **SLOW)
+    run.roll_forward()  # a person acted while the primary was breaching
+    assert [d.label for d in run.steps(2, **SLOW)] == ["breach 1/3", "breach 2/3"]
+
+
+def test_a_new_primary_model_re_arms_the_guard() -> None:
+    run = Script()
+    run.steps(3, **SLOW)
+    assert effective_traffic(SPEC, run.history) == "fallback"
+    run.spec = replace(SPEC, primary="builtin://digits/random-forest?trees=20@2")
+    assert effective_traffic(run.spec, run.history) == "primary"
+    assert run.step(**GOOD).state == "ok"
+
+
+def test_automatic_false_reports_and_never_acts() -> None:
+    run = Script(replace(SPEC, automatic=False))
+    decisions = run.steps(10, **SLOW) + run.steps(5, **ERRORS)
+    assert Action.ROLL_BACK not in run.actions
+    assert "rollback.automatic is false: reporting only" in decisions[-1].reason
+    assert decisions[-1].slo_status == "False" and decisions[-1].label == "breach 3/3"
+
+
+def test_spec_traffic_fallback_is_manual_and_never_acts() -> None:
+    run = Script(replace(SPEC, traffic="fallback"))
+    decisions = run.steps(5, **SLOW)
+    assert all(d.state == "manual" and d.action is Action.NOTHING for d in decisions)
+
+
+def test_a_stale_window_is_not_judged() -> None:
+    history = History((window("primary", 100.0, **SLOW),) * 3)
+    assert decide(SPEC, history, now_s=100.0).action is Action.ROLL_BACK
+    stale = decide(SPEC, history, now_s=100.0 + 2 * 10 + 1)
+    assert stale.action is Action.NOTHING and stale.state == "idle"
+    assert stale.slo_status == "Unknown"
+
+
+def test_no_windows_at_all_is_idle() -> None:
+    d = decide(SPEC, History(), 0.0)
+    assert d.state == "idle" and d.action is Action.NOTHING and d.slo_reason == "InsufficientData"
+
+
+def test_a_fast_model_at_capacity_is_overload_by_queueing() -> None:
+    """At capacity (or with the process itself saturated) requests wait before the batcher's
+    queue: the queue depth stays under target while p99 breaks. Every model call took less
+    than half the SLO, so the slow requests waited: more capacity, not another model."""
+    run = Script()
+    decisions = run.steps(10, admitted=600, slow=60, queue_depth=1.5, calls=300, slow_calls=7,
+                          model_ms=17.0)  # 2.3% of calls slow (a busy host), 10% of requests
+    assert all(d.action is Action.OVERLOAD for d in decisions)
+    assert "queueing: 7 of 300 model calls took over 25ms (half the SLO; mean 17ms)" in \
+        decisions[-1].reason
+    # slow calls as common as slow requests: the model's
+    assert Script().steps(3, admitted=600, slow=60, calls=300, slow_calls=30)[-1].action \
+        is Action.ROLL_BACK
+    # the same breach with slow calls is the model's
+    slow = Script().steps(3, admitted=300, slow=290, queue_depth=2.0, calls=30, slow_calls=30,
+                          model_ms=120.0)
+    assert slow[-1].action is Action.ROLL_BACK
+
+
+def test_errors_are_never_explained_by_fast_calls() -> None:
+    run = Script()
+    run.steps(3, admitted=400, errors=40, calls=200, slow_calls=0, model_ms=5.0)
+    assert run.actions[-1] is Action.ROLL_BACK
