@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack" / "kube"))
 from build import DEFAULT_TAG  # noqa: E402
-from kubecluster.client import ApiError, Client  # noqa: E402
+from kubecluster.client import ApiError, Client, wait_for  # noqa: E402
 from kubecluster.controlplane import ControlPlane, ControlPlaneError, bindir  # noqa: E402
 from kubecluster.install import Installation, install  # noqa: E402
 
@@ -73,6 +73,9 @@ def namespace(admin: Client, request: pytest.FixtureRequest) -> Iterator[str]:
     stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40]
     name = f"t-{stem.strip('-')}-{uuid.uuid4().hex[:5]}"
     admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    # As in a real cluster, pods are admitted only once the namespace has its ServiceAccount.
+    wait_for(lambda: admin.get("serviceaccounts", name, "default"),
+             what=f"the default ServiceAccount in {name}")
     yield name
     with contextlib.suppress(ApiError):  # no CRD yet: nothing to delete
         admin.request("DELETE", admin.path("inferenceservices", name))

@@ -18,6 +18,7 @@ The cache lives in ``$TAILGUARD_KUBE_CACHE``, else ``$XDG_CACHE_HOME/tailguard/k
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import shutil
@@ -100,8 +101,9 @@ def find_go() -> str:
         shutil.which("go") or next((p for p in ("/usr/local/go/bin/go", "/usr/lib/go/bin/go")
                                     if os.access(p, os.X_OK)), None))
     if go is None:
+        where = f"$GO ({explicit}) is not an executable" if explicit else "no `go` on PATH"
         raise BuildError("the tests run a Kubernetes control plane built from source and need Go "
-                         f"{MIN_GO[0]}.{MIN_GO[1]} or newer: no `go` on PATH "
+                         f"{MIN_GO[0]}.{MIN_GO[1]} or newer: {where} "
                          "(install Go, e.g. from your distribution or go.dev/dl)")
     out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
                          env=go_env()).stdout.strip()
@@ -133,11 +135,35 @@ def build(tag: str, *, log: bool = True) -> Path:
     """
     folder = module_dir(tag)
     target = cache_root() / f"{tag}-{pin_digest(tag)}"
-    if all((target / name).is_file() for name in (*BINARIES, KWOK_STAGES)):
+    if _complete(target):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per pin set; the others wait, then reuse
+        if _complete(target):
+            return target
+        staging = target.with_name(target.name + f".partial-{os.getpid()}")
+        try:
+            _build_into(staging, folder, tag, target, log)
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _complete(target: Path) -> bool:
+    return all((target / name).is_file() for name in (*BINARIES, KWOK_STAGES))
+
+
+def _build_into(staging: Path, folder: Path, tag: str, target: Path, log: bool) -> None:
+    """Build every binary into ``staging`` and copy kwok's stages there.
+
+    Raises:
+        BuildError: no usable Go, or a failed build.
+    """
     go = find_go()
     write_etcd_main(folder)
-    staging = target.with_name(target.name + f".partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     flags = ["-trimpath", "-ldflags", ldflags(tag), "-o", str(staging) + os.sep]
@@ -148,26 +174,24 @@ def build(tag: str, *, log: bool = True) -> Path:
         started = time.monotonic()
         if log:
             print(f"building {what} ({tag}) into {target} "
-                  "(a cold build takes about 20 minutes on 2 cores; it is cached) ...",
+                  "(a cold build takes about 14 minutes on 2 cores; it is cached) ...",
                   file=sys.stderr, flush=True)
         done = subprocess.run([go, "build", *flags, *packages], cwd=cwd, env=go_env())
         if done.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
             raise BuildError(f"go build failed in {cwd} (exit {done.returncode}); see above")
         if log:
             print(f"  built {what} in {time.monotonic() - started:.0f} s", file=sys.stderr,
                   flush=True)
-    kwok_src = Path(subprocess.run(
-        [go, "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], cwd=KWOK, env=go_env(),
-        check=True, capture_output=True, text=True).stdout.strip())
+    listed = subprocess.run([go, "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], cwd=KWOK,
+                            env=go_env(), capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise BuildError(f"go list -m sigs.k8s.io/kwok failed: {listed.stderr.strip()}")
+    kwok_src = Path(listed.stdout.strip())
     (staging / KWOK_STAGES).write_text("\n---\n".join(
         (kwok_src / "kustomize" / "stage" / rel).read_text() for rel in _STAGE_FILES))
     missing = [name for name in BINARIES if not (staging / name).is_file()]
     if missing:
         raise BuildError(f"the build produced no {', '.join(missing)}")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    return target
 
 
 def main(argv: list[str] | None = None) -> int:

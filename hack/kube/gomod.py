@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +134,11 @@ def write_etcd_main(module: Path) -> None:
     (module / "etcd" / "main.go").write_text(ETCD_MAIN)
 
 
+def go_command() -> str:
+    """``$GO``, else ``go`` on PATH, else Go's usual install place."""
+    return os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
+
+
 def go_env() -> dict[str, str]:
     """The environment every go command here runs with: the local toolchain, no cgo."""
     return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
@@ -141,7 +147,7 @@ def go_env() -> dict[str, str]:
 def upstream(tag: str) -> str:
     """The text of ``k8s.io/kubernetes@tag``'s go.mod, through the module proxy."""
     out = subprocess.run(
-        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{tag}"],
+        [go_command(), "mod", "download", "-json", f"k8s.io/kubernetes@{tag}"],
         check=True, capture_output=True, text=True, env=go_env(), cwd=HERE,
     ).stdout
     return Path(json.loads(out)["GoMod"]).read_text()
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(exist_ok=True)
     (out / "go.mod").write_text(text)
     write_etcd_main(out)
-    subprocess.run(["go", "mod", "tidy"], check=True, env=go_env(), cwd=out)
+    subprocess.run([go_command(), "mod", "tidy"], check=True, env=go_env(), cwd=out)
     left = unresolved((out / "go.mod").read_text())
     if left:
         print(f"gomod: still at v0.0.0 after tidy: {', '.join(left)}", file=sys.stderr)

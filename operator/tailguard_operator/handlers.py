@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import kopf
 
 from . import conditions, kube, manifests, reconcile, spec
+from .memory import KnownServices, SeenChildren, resync_targets
 from .settings import OperatorSettings
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ _CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "d
 CHILD_SELECTOR = f"{manifests.LABEL_MANAGED_BY}={manifests.MANAGED_BY}"
 """The label selector of the child watches, sent to the API server: the operator lists and
 watches only its own ConfigMaps, Services, Deployments, HPAs and PDBs."""
+
+REFUSALS = frozenset({400, 403, 404, 409, 422})
+"""Statuses of a child write that say the request itself was refused (invalid, forbidden,
+exceeded quota, namespace gone): reported in the status. Others (no answer, 429, 5xx) are
+retried as they are."""
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -117,7 +123,7 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
         try:
             action, stored = _apply_child(desired, live[key], owner)
         except kube.KubeError as exc:
-            if exc.status == 0:  # unreachable: nothing to report to the object; retry
+            if exc.status not in REFUSALS:  # unreachable, throttled, a server error: retry
                 raise
             done["refused"].append(f"{label}: {exc}")
             continue
@@ -259,29 +265,6 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     _known(memo)
 
 
-class KnownServices:
-    """The InferenceServices the operator has seen (``(namespace, name)``), for the resync.
-    Filled by the handlers (kopf resumes every existing object at startup); an object found
-    gone by a resync pass is dropped."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._keys: set[tuple[str, str]] = set()
-
-    def add(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._keys.add((namespace, name))
-
-    def discard(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._keys.discard((namespace, name))
-
-    def snapshot(self) -> list[tuple[str, str]]:
-        """The keys, sorted (a copy: handlers may add while a resync runs)."""
-        with self._lock:
-            return sorted(self._keys)
-
-
 def _known(memo: Any) -> KnownServices:
     known = getattr(memo, "known_services", None)
     if known is None:
@@ -289,23 +272,11 @@ def _known(memo: Any) -> KnownServices:
     return known
 
 
-def resync_targets(namespaces: Sequence[str], known: KnownServices) -> list[tuple[str, str]]:
-    """The InferenceServices a resync pass reconciles: listed from the API server (every
-    namespace when ``namespaces`` is empty, else each namespace named exactly), plus those the
-    handlers have seen (namespaces matched by a glob pattern). Listing, rather than trusting
-    the watches, is the point: a watch that went silent (kopf issues #955, #1276) hides
-    objects from the handlers, never from a list.
-
-    Raises:
-        kube.KubeError: a list was refused.
-    """
-    found = set(known.snapshot())
-    if not namespaces:
-        found.update(kube.list_names(spec.KIND, None))
-    for namespace in namespaces:
-        if not any(ch in namespace for ch in "*?[!"):
-            found.update(kube.list_names(spec.KIND, namespace))
-    return sorted(found)
+def _seen(memo: Any) -> SeenChildren:
+    seen = getattr(memo, "seen_children", None)
+    if seen is None:
+        seen = memo.seen_children = SeenChildren()
+    return seen
 
 
 async def resync(memo: Any) -> None:
@@ -322,14 +293,16 @@ async def resync(memo: Any) -> None:
         try:
             targets = await asyncio.to_thread(resync_targets,
                                               getattr(memo, "namespaces", ()), known)
-        except kube.KubeError as exc:
-            logger.warning("resync: listing InferenceServices failed: %s", exc)
+        except Exception as exc:  # the task must outlive any one failure
+            logger.warning("resync list failed error=%s", exc, exc_info=not isinstance(
+                exc, kube.KubeError))
             continue
         for namespace, name in targets:
             try:
                 outcome = await asyncio.to_thread(reconcile_service, namespace, name, settings)
-            except kube.KubeError as exc:
-                logger.warning("resync failed service=%s/%s error=%s", namespace, name, exc)
+            except Exception as exc:
+                logger.warning("resync failed service=%s/%s error=%s", namespace, name, exc,
+                               exc_info=not isinstance(exc, kube.KubeError))
                 continue
             if outcome == Outcome():  # gone
                 known.discard(namespace, name)
@@ -343,7 +316,8 @@ async def start_resync(*, memo: Any, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def stop_resync(*, memo: Any, **_: Any) -> None:
-    """Stop the :func:`resync` task and wait for it (a pass in a thread finishes first)."""
+    """Stop the :func:`resync` task (a pass already running in a worker thread is not
+    interrupted; it ends with the process)."""
     task: asyncio.Task[None] | None = getattr(memo, "resync_task", None)
     if task is not None:
         task.cancel()
@@ -389,39 +363,15 @@ def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, m
     owner = _owner_name(body)
     if type is None or owner is None or namespace is None:
         return
-    if not _seen(memo).changed(type, body):
+    seen = _seen(memo)
+    if not seen.changed(type, body):
         return  # a status write that no pass reads (the HPA controller's, every few seconds)
     _known(memo).add(namespace, owner)
-    reconcile_service(namespace, owner, memo.tailguard)
-
-
-class SeenChildren:
-    """The :func:`reconcile.fingerprint` of each child last reacted to, by uid."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._prints: dict[str, str] = {}
-
-    def changed(self, event_type: str, body: Mapping[str, Any]) -> bool:
-        """Whether this event of a child can change a reconcile pass (a deletion always can);
-        records it."""
-        uid = str((body.get("metadata") or {}).get("uid", ""))
-        with self._lock:
-            if event_type == "DELETED":
-                self._prints.pop(uid, None)
-                return True
-            print_ = reconcile.fingerprint(body)
-            if self._prints.get(uid) == print_:
-                return False
-            self._prints[uid] = print_
-            return True
-
-
-def _seen(memo: Any) -> SeenChildren:
-    seen = getattr(memo, "seen_children", None)
-    if seen is None:
-        seen = memo.seen_children = SeenChildren()
-    return seen
+    try:
+        reconcile_service(namespace, owner, memo.tailguard)
+    except BaseException:
+        seen.forget(body)  # the next event of this child must get its pass
+        raise
 
 
 for _group, _version, _plural in _CHILDREN:

@@ -77,7 +77,7 @@ def test_without_go_the_build_stops_with_one_line(tmp_path: Path) -> None:
     assert done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: the tests run a Kubernetes control plane built from source")
-    assert "no `go`" in line
+    assert "is not an executable" in line
 
 
 def test_an_unpinned_release_is_refused_naming_the_fix(tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ class Write:
     name: str
     subresource: str
     code: int
+    uri: str = ""
+    """The request URI, query included (``?labelSelector=...``)."""
     body: Any = None
     """The request body (a create's object, a patch), where the policy logs it."""
 
@@ -61,7 +63,11 @@ class AuditLog:
     def requests(self, since: int = 0, *, user: str | None = None,
                  namespace: str | None = None) -> list[Write]:
         """Every audited request after offset ``since``, reads included (the policy logs the
-        reads of the chart's ServiceAccounts only)."""
+        reads of the chart's ServiceAccounts only).
+
+        Raises:
+            FileNotFoundError: the API server has not written the log yet.
+        """
         found = []
         with open(self.path, "rb") as fh:
             fh.seek(since)
@@ -75,6 +81,7 @@ class AuditLog:
                                 namespace=ref.get("namespace", ""), name=ref.get("name", ""),
                                 subresource=ref.get("subresource", ""),
                                 code=int((event.get("responseStatus") or {}).get("code", 0)),
+                                uri=event.get("requestURI", ""),
                                 body=event.get("requestObject"))
                 if (user is None or request.user == user) and \
                         (namespace is None or request.namespace == namespace):

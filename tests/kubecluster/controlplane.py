@@ -15,6 +15,7 @@ cluster IP leads nowhere. Every process is ended by its PID in :meth:`ControlPla
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -132,7 +133,8 @@ class ControlPlane:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=5)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
         self._procs.clear()
 
     def kubectl(self, *args: str, identity: str = "admin", input: str | None = None,
@@ -149,7 +151,11 @@ class ControlPlane:
     def token_identity(self, name: str, *, namespace: str, service_account: str,
                        duration_s: int = 7200) -> Identity:
         """A kubeconfig that authenticates with a bound token of a ServiceAccount (what a pod
-        running under it presents), from the TokenRequest API."""
+        running under it presents), from the TokenRequest API; valid ``duration_s`` seconds.
+
+        Raises:
+            subprocess.CalledProcessError: kubectl could not create the token.
+        """
         token = self.kubectl("create", "token", service_account, "-n", namespace,
                              f"--duration={duration_s}s").stdout.strip()
         user = f"system:serviceaccount:{namespace}:{service_account}"
@@ -198,7 +204,7 @@ class ControlPlane:
         log = open(self.workdir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (child owns it)
         proc = subprocess.Popen([self.binary(name.split("#")[0]), *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.workdir, preexec_fn=_end_with_parent)
+                                cwd=self.workdir, preexec_fn=end_with_parent)
         log.close()
         self._procs.append((name, proc))
         return proc
@@ -335,11 +341,13 @@ class ControlPlane:
         return True
 
 
-def _end_with_parent() -> None:
-    """In the child, before exec: ask Linux to send SIGTERM when the process that started it
-    dies (``PR_SET_PDEATHSIG``), so a killed test run leaves no control plane behind."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, never in a forked child
+
+
+def end_with_parent() -> None:
+    """In a child, before exec: ask Linux to send SIGTERM when the process that started it
+    dies (``PR_SET_PDEATHSIG``), so a killed test run leaves nothing running behind."""
+    _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -361,8 +369,8 @@ def bindir(tag: str) -> Path:
         return Path(explicit)
     script = Path(__file__).resolve().parents[2] / "hack" / "kube" / "build.py"
     done = subprocess.run([shutil.which("python3") or "python3", str(script), "--tag", tag],
-                          capture_output=True, text=True)
+                          stdout=subprocess.PIPE, text=True)  # progress goes to our stderr
     if done.returncode != 0:
-        raise ControlPlaneError(done.stderr.strip().splitlines()[-1] if done.stderr.strip()
-                                else f"{script} failed with {done.returncode}")
+        raise ControlPlaneError(f"{script} failed (exit {done.returncode}); see its last line "
+                                "above")
     return Path(done.stdout.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import yaml
 
 from .client import ApiError, Client, wait_for
-from .controlplane import ControlPlane, Identity, free_port
+from .controlplane import ControlPlane, Identity, end_with_parent, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tailguard"
@@ -46,13 +46,21 @@ def helm_binary() -> str:
 
 def helm(cluster: ControlPlane, *args: str, check: bool = True,
          scratch: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``helm ARGS`` against the control plane as its admin."""
+    """Run ``helm ARGS`` against the control plane as its admin.
+
+    Raises:
+        AssertionError: ``check`` and a non-zero exit (with helm's stderr).
+        subprocess.TimeoutExpired: helm ran past 180 s.
+    """
     home = scratch or cluster.workdir / "helm"
     env = {**os.environ, "KUBECONFIG": str(cluster.admin.kubeconfig),
            "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
            "HELM_DATA_HOME": str(home / "data")}
-    return subprocess.run([helm_binary(), *args], capture_output=True, text=True, env=env,
-                          timeout=180, check=check)
+    done = subprocess.run([helm_binary(), *args], capture_output=True, text=True, env=env,
+                          timeout=180)
+    if check and done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
+    return done
 
 
 @dataclass
@@ -98,6 +106,9 @@ class Installation:
         watches every namespace); wait until its health endpoint answers.
 
         ``extra_env`` overrides chart values for test speed (``TAILGUARD_RESYNC_SECONDS``...).
+
+        Raises:
+            AssertionError: it exited, or its health endpoint did not answer in 60 s.
         """
         env = {key: value for key, value in os.environ.items()
                if not key.startswith("TAILGUARD_") and key != "KUBERNETES_SERVICE_HOST"}
@@ -110,7 +121,7 @@ class Installation:
         with open(log, "ab") as out:
             proc = subprocess.Popen([str(tailguard), "operator"], env=env,
                                     stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, preexec_fn=end_with_parent)
         self.processes.append(proc)
         wait_for(lambda: proc.poll() is not None or _healthy(port), timeout=60,
                  what="the operator's health endpoint")
@@ -138,17 +149,14 @@ def install(cluster: ControlPlane, admin: Client, values: Mapping[str, Any] | No
     ServiceAccount.
 
     Raises:
-        subprocess.CalledProcessError: helm refused (its stderr attached).
+        AssertionError: helm refused (its stderr attached).
     """
     args = ["install", release, str(CHART), "--namespace", namespace, "--create-namespace"]
     if values:
         path = cluster.workdir / f"values-{release}.yaml"
         path.write_text(yaml.safe_dump(dict(values)))
         args += ["-f", str(path)]
-    done = helm(cluster, *args, check=False)
-    if done.returncode != 0:
-        raise subprocess.CalledProcessError(done.returncode, ["helm", *args], done.stdout,
-                                            done.stderr)
+    helm(cluster, *args)
     wait_for(lambda: established(admin) and _listable(admin), timeout=30,
              what="the CRD to be Established and its storage ready")
     installation = Installation(cluster, admin, {}, cluster.admin, release=release,
@@ -176,12 +184,8 @@ def _listable(admin: Client) -> bool:
 
 
 def _healthy(port: int) -> bool:
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
             return bool(r.status == 200)
     except OSError:
         return False
-    finally:
-        time.sleep(0)

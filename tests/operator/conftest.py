@@ -17,5 +17,6 @@ from kubecluster.install import Installation
 def scene(cluster: ControlPlane, admin: Client, installed: Installation, namespace: str,
           tmp_path: Path) -> Scene:
     """One test's namespace, seen and acted on through the real API server."""
-    return Scene(admin=admin, namespace=namespace, installation=installed,
-                 audit=AuditLog(cluster.audit_log), logs=tmp_path / "operator.log")
+    audit = AuditLog(cluster.audit_log)
+    return Scene(admin=admin, namespace=namespace, installation=installed, audit=audit,
+                 logs=tmp_path / "operator.log", start=audit.mark())

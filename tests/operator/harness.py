@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import yaml
-from kubecluster.audit import AuditLog, Write
+from kubecluster.audit import WRITE_VERBS, AuditLog, Write
 from kubecluster.client import Client, wait_for
 from kubecluster.install import Installation
 
@@ -59,6 +59,8 @@ class Scene:
     installation: Installation
     audit: AuditLog
     logs: Path
+    start: int = 0
+    """Where this test's part of the audit log begins (earlier tests' lines are not read)."""
 
     # --- acting ----------------------------------------------------------------------------
 
@@ -135,19 +137,21 @@ class Scene:
         found = sorted(self.list("events"), key=lambda e: e["metadata"]["creationTimestamp"])
         return [e for e in found if reason is None or e["reason"] == reason]
 
-    def requests(self, since: int = 0) -> list[Write]:
-        """The operator's requests in this namespace since the audit offset ``since``."""
-        return self.audit.requests(since, user=self.installation.user,
-                                   namespace=self.namespace)
+    def requests(self, since: int | None = None, everywhere: bool = False) -> list[Write]:
+        """The operator's requests in this namespace (``everywhere``: in any namespace and
+        cluster-scoped) since the audit offset ``since`` (default: the test's start)."""
+        return self.audit.requests(self.start if since is None else since,
+                                   user=self.installation.user,
+                                   namespace=None if everywhere else self.namespace)
 
-    def writes(self, since: int = 0) -> list[Write]:
-        """The operator's writes in this namespace since the audit offset ``since``."""
-        return self.audit.writes(since, user=self.installation.user, namespace=self.namespace)
+    def writes(self, since: int | None = None, everywhere: bool = False) -> list[Write]:
+        """The operator's writes, as :meth:`requests`."""
+        return [r for r in self.requests(since, everywhere) if r.verb in WRITE_VERBS]
 
-    def child_writes(self, since: int = 0) -> list[Write]:
+    def child_writes(self, since: int | None = None) -> list[Write]:
         return [w for w in self.writes(since) if w.resource in CHILD_PLURALS]
 
-    def passes(self, since: int = 0, name: str = "iris") -> int:
+    def passes(self, since: int | None = None, name: str = "iris") -> int:
         """Reconcile passes over ``name`` since ``since`` (each begins with a GET of it)."""
         return sum(1 for r in self.requests(since)
                    if r.verb == "get" and r.resource == spec.PLURAL and r.name == name

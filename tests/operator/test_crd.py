@@ -99,6 +99,9 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "checksum not hex": (dict(model={"uri": "file:///m.joblib", "sha256": "xyz"}),
                          "spec.model.sha256"),
     "http model": (dict(model={"uri": "http://example.com/m.joblib"}), "spec.model.uri"),
+    "unknown dataset": (dict(model={"uri": "builtin://mnist/random-forest"}), "spec.model.uri"),
+    "unknown estimator": (dict(fallback={"uri": "builtin://iris/xgboost"}),
+                          "spec.fallback.uri"),
     "bad policy type": (dict(scaling={"behavior": {"scaleUp": {"policies": [
         {"type": "Bogus", "value": 1, "periodSeconds": 15}]}}}),
         "spec.scaling.behavior.scaleUp.policies.0.type"),

@@ -41,7 +41,13 @@ def test_reads_and_writes_round_trip(connected: str) -> None:
     patched = kube.merge_patch("ConfigMap", connected, "c", {"data": {"a": None, "b": "2"}})
     assert patched["data"] == {"b": "2"}  # null removes a key: a merge patch, not a JSON patch
     assert kube.get("ConfigMap", connected, "missing") is None
-    assert ("default", "iris") not in kube.list_names(spec.KIND, connected)
+
+
+def test_listing_names_one_namespace_or_all(connected: str, admin: Client) -> None:
+    assert kube.list_names(spec.KIND, connected) == []
+    admin.create(example(namespace=connected))
+    assert kube.list_names(spec.KIND, connected) == [(connected, "iris")]
+    assert (connected, "iris") in kube.list_names(spec.KIND, None)
 
 
 def test_errors_carry_their_status(connected: str) -> None:
