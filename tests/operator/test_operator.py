@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,8 @@ def test_create_makes_every_child_and_reports_ready_replicas(scene: Scene) -> No
     streams = [r for r in scene.requests(since=0, everywhere=True)
                if r.verb in ("list", "watch") and r.resource in CHILDREN and not r.name]
     assert {r.resource for r in streams} == set(CHILDREN)
-    assert all("labelSelector=app.kubernetes.io%2Fmanaged-by%3Dtailguard-operator" in r.uri
-               for r in streams), [r.uri for r in streams]
+    assert all("labelSelector=app.kubernetes.io/managed-by=tailguard-operator"
+               in urllib.parse.unquote(r.uri) for r in streams), [r.uri for r in streams]
 
 
 def test_a_spec_change_patches_exactly_what_changed(scene: Scene) -> None:
