@@ -33,9 +33,15 @@ KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", DEFAULT_TAG)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running control plane (etcd, API server, controller manager, scheduler, kwok)."""
     try:
-        plane = ControlPlane(bindir(KUBE_VERSION), tmp_path_factory.mktemp("cluster"),
-                             KUBE_VERSION)
-        plane.start()
+        binaries = bindir(KUBE_VERSION)
+        for attempt in (1, 2):  # a free port can be taken between choosing and binding it
+            plane = ControlPlane(binaries, tmp_path_factory.mktemp("cluster"), KUBE_VERSION)
+            try:
+                plane.start()
+                break
+            except ControlPlaneError:
+                if attempt == 2:
+                    raise
     except ControlPlaneError as exc:
         pytest.fail(f"no Kubernetes control plane: {exc}", pytrace=False)
     try:

@@ -253,9 +253,8 @@ class ControlPlane:
     def _start_controllers(self) -> None:
         kcm = self.identities["kube-controller-manager"].kubeconfig
         self._spawn("kube-controller-manager", [
-            f"--kubeconfig={kcm}", f"--authentication-kubeconfig={kcm}",
-            f"--authorization-kubeconfig={kcm}",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            f"--kubeconfig={kcm}",
+            "--bind-address=127.0.0.1", "--secure-port=0",  # no HTTPS: no port to race for
             f"--root-ca-file={self.ca}",
             f"--service-account-private-key-file={self._sa_key.key}",
             "--use-service-account-credentials=true", "--leader-elect=false",
@@ -263,9 +262,8 @@ class ControlPlane:
             "--controllers=*", "--profiling=false", "-v=1"])
         scheduler = self.identities["kube-scheduler"].kubeconfig
         self._spawn("kube-scheduler", [
-            f"--kubeconfig={scheduler}", f"--authentication-kubeconfig={scheduler}",
-            f"--authorization-kubeconfig={scheduler}",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            f"--kubeconfig={scheduler}",
+            "--bind-address=127.0.0.1", "--secure-port=0",  # no HTTPS: no port to race for
             "--leader-elect=false", "--profiling=false", "-v=1"])
         self._spawn("kwok", [
             f"--kubeconfig={self.identities['kwok'].kubeconfig}",
