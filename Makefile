@@ -3,7 +3,7 @@
 #               (make up PORT=9090 EXAMPLE=examples/iris.yaml to change either)
 #   make test   create .venv, install tailguard with its test tools (and helm), build the
 #               Kubernetes control plane the tests run on (Go needed; cached outside the clone,
-#               ~14 min the first time), run the suite
+#               ~11 min the first time), run the suite
 #   make test-kube KUBE_VERSION=v1.34.4   the cluster tests against another pinned release
 VENV ?= .venv
 PY := $(VENV)/bin/python

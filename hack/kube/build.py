@@ -174,7 +174,7 @@ def _build_into(staging: Path, folder: Path, tag: str, target: Path, log: bool) 
         started = time.monotonic()
         if log:
             print(f"building {what} ({tag}) into {target} "
-                  "(a cold build takes about 14 minutes on 2 cores; it is cached) ...",
+                  "(a cold build takes about 11 minutes on 2 cores; it is cached) ...",
                   file=sys.stderr, flush=True)
         done = subprocess.run([go, "build", *flags, *packages], cwd=cwd, env=go_env())
         if done.returncode != 0:
