@@ -41,9 +41,11 @@ def start(scene: Scene, body: dict[str, Any] | None = None) -> dict[str, Any]:
     return created
 
 
-def active_in_config(scene: Scene) -> str:
+def active_in_config(scene: Scene) -> str | None:
+    """The active role the runtime config names (``None`` while it names none, as after a
+    hand edit the operator has not repaired yet)."""
     config = scene.must_get("configmaps", "iris-runtime")
-    return json.loads(config["data"]["runtime.json"])["activeModel"]  # type: ignore[no-any-return]
+    return json.loads(config["data"]["runtime.json"]).get("activeModel")  # type: ignore[no-any-return]
 
 
 def checksums(scene: Scene) -> dict[str, str]:
