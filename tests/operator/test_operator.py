@@ -305,6 +305,18 @@ def rollback_cli(scene: Scene, role: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def roll_back_while_the_fallback_cannot_grow(scene: Scene) -> None:
+    """The primary on 2 Ready pods, every node cordoned (new pods stay Pending), then
+    ``tailguard rollback --cluster``: traffic must wait for a second fallback pod."""
+    scene.admin.patch("deployments", scene.namespace, "iris-primary",
+                      {"spec": {"replicas": 2}}, subresource="scale")
+    scene.ready_deployment("iris-primary", 2)
+    cordon(scene, True)
+    rollback_cli(scene, "fallback")
+    scene.wait(lambda: scene.condition("RolledBack").get("reason") == "WaitingForFallback",
+               what="waiting condition")
+
+
 @pytest.fixture
 def cordoned(scene: Scene) -> Any:
     """Uncordons every node when the test ends, whatever happened."""
@@ -316,14 +328,7 @@ def test_manual_rollback_moves_traffic_only_once_the_fallback_is_ready(
         scene: Scene, cordoned: None) -> None:
     with scene.operator():
         start(scene)
-        scene.admin.patch("deployments", scene.namespace, "iris-primary",
-                          {"spec": {"replicas": 2}}, subresource="scale")
-        scene.ready_deployment("iris-primary", 2)
-        cordon(scene, True)  # new pods stay Pending: the fallback cannot grow yet
-
-        rollback_cli(scene, "fallback")
-        scene.wait(lambda: scene.condition("RolledBack").get("reason") == "WaitingForFallback",
-                   what="waiting condition")
+        roll_back_while_the_fallback_cannot_grow(scene)
         hpa = scene.must_get("horizontalpodautoscalers", "iris-fallback")
         assert hpa["spec"]["minReplicas"] == 2  # raised to carry the primary's load
         # The real HPA controller scales the fallback to its new minimum; one pod is Pending.
@@ -363,18 +368,7 @@ def test_manual_rollback_moves_traffic_only_once_the_fallback_is_ready(
 def test_an_operator_restart_in_the_middle_of_a_rollback(scene: Scene, cordoned: None) -> None:
     with scene.operator():
         start(scene)
-        cordon(scene, True)
-        scene.admin.patch("deployments", scene.namespace, "iris-primary",
-                          {"spec": {"replicas": 2}}, subresource="scale")
-        scene.wait(lambda: scene.must_get("deployments", "iris-primary")["spec"]["replicas"]
-                   == 2, what="primary scaled")
-        # Only one primary pod is Ready (the new one is Pending): the fallback needs 1.
-        cordon(scene, False)
-        scene.ready_deployment("iris-primary", 2)
-        cordon(scene, True)
-        rollback_cli(scene, "fallback")
-        scene.wait(lambda: scene.condition("RolledBack").get("reason") == "WaitingForFallback",
-                   what="waiting condition")
+        roll_back_while_the_fallback_cannot_grow(scene)
     assert scene.selected_role() == "primary"
     cordon(scene, False)  # while no operator runs, the fallback's pods become Ready
     scene.wait(lambda: scene.must_get("deployments", "iris-fallback")["spec"]["replicas"] == 2,
