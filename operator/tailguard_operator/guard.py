@@ -27,6 +27,7 @@ from typing import Any, Callable, TextIO
 from tailguard_runtime import metrics
 from tailguard_runtime.service import Runtime
 
+from .conditions import set_condition
 from .observe import Counts, Observation, Totals, difference, observe, status_observed
 from .policy import (Action, Decision, GuardSpec, History, applied, decide, effective_traffic,
                      remember, rolled_forward)
@@ -60,7 +61,7 @@ class LocalGuard:
         self._seen_role = runtime.active_role
         self._count_rollback = metrics.bind_rollbacks(runtime.name)
         self._events: dict[str, str] = {}  # wall times of the guard's own actions, RFC 3339
-        self._conditions: dict[str, dict[str, Any]] = {}
+        self._conditions: list[dict[str, Any]] = []
 
     def start(self) -> None:
         """Take the first read: the first window starts now."""
@@ -106,7 +107,7 @@ class LocalGuard:
         """What the cluster keeps in ``status`` (the CRD's shape): ``activeModel``,
         ``observed``, ``guard`` and the ``SLOMet``/``RolledBack`` conditions."""
         doc: dict[str, Any] = {"activeModel": self.runtime.active_role,
-                               "conditions": list(self._conditions.values())}
+                               "conditions": list(self._conditions)}
         if self.observation is not None:
             doc["observed"] = status_observed(self.observation, self._observed_at)
         guard: dict[str, Any] = {}
@@ -172,7 +173,6 @@ class LocalGuard:
                   f"`tailguard rollforward {self.runtime.name}`)")
 
     def _set_conditions(self, d: Decision) -> None:
-        stamp = self._iso()
         rolled = self.history.rollback is not None
         wanted = {
             "SLOMet": (d.slo_status, d.slo_reason, d.reason),
@@ -183,11 +183,10 @@ class LocalGuard:
                            self.history.rollback.reason if self.history.rollback else
                            f"traffic on the {self.runtime.active_role}"),
         }
+        now = datetime.fromtimestamp(self._wall(), timezone.utc)
         for kind, (status, reason, message) in wanted.items():
-            old = self._conditions.get(kind)
-            since = old["lastTransitionTime"] if old and old["status"] == status else stamp
-            self._conditions[kind] = {"type": kind, "status": status, "reason": reason,
-                                      "message": message, "lastTransitionTime": since}
+            self._conditions = set_condition(self._conditions, kind, status, reason, message,
+                                             generation=None, now=now)
 
     def _say(self, text: str) -> None:
         line = f"{self.runtime.name}: {text}"
