@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "hack" / "kube"))
 
 from build import DEFAULT_TAG  # noqa: E402
 from kubecluster.audit import AuditLog  # noqa: E402
-from kubecluster.client import Client, wait_for  # noqa: E402
+from kubecluster.client import Client  # noqa: E402
 from kubecluster.controlplane import ControlPlane, bindir  # noqa: E402
 from kubecluster.install import install  # noqa: E402
 
@@ -76,6 +76,7 @@ def main() -> int:
     print(f"starting a {args.tag} control plane in {work} ...", flush=True)
     plane.start()
     result: dict[str, Any] = {"services": args.services, "kubernetes": args.tag}
+    installation = None
     try:
         admin = Client(plane.admin.kubeconfig)
         installation = install(plane, admin)
@@ -130,6 +131,8 @@ def main() -> int:
         })
         assert installation.stop_operator(proc) == 0
     finally:
+        for started in installation.processes if installation else ():
+            installation.stop_operator(started)  # type: ignore[union-attr]
         plane.stop()
     print(json.dumps(result, indent=2))
     return 0 if result.get("idle_writes") == 0 else 1

@@ -3,7 +3,6 @@ and invalid specs it refuses naming the field (schema and CEL rules, defaults ap
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any, Iterator
 
