@@ -278,7 +278,9 @@ def test_a_write_the_api_server_refuses_shows_in_the_status(scene: Scene) -> Non
         message = scene.condition("Ready")["message"]
         assert "Deployment/iris-primary: 403 Forbidden" in message
         assert "exceeded quota" in message
-        assert [e["type"] for e in scene.events("ChildRefused")] == ["Warning"]
+        # The Event is posted after the status patch: wait for it, then count it.
+        refused = scene.wait(lambda: scene.events("ChildRefused"), what="the ChildRefused Event")
+        assert [e["type"] for e in refused] == ["Warning"]
         assert scene.names("services") == ["iris"]  # the rest was still made
         scene.delete("resourcequotas", "no-deployments")
         scene.wait(lambda: scene.condition("Ready").get("status") == "True", what="Ready")
