@@ -1,7 +1,7 @@
 """The InferenceService spec: defaults, validation and typed views, all from the CRD.
 
-The CRD file (``crd/inferenceservice.yaml``, also at ``crds/`` in the repository) is the one
-definition. :func:`parse` does what the API server does on ``kubectl apply``: apply the
+The CRD file (``crd/inferenceservice.yaml``, copied by ``make crds`` from the repository's
+``crds/``, the one source) is the one definition. :func:`parse` does what the API server does on ``kubectl apply``: apply the
 schema's defaults, check the OpenAPI schema (types, bounds, patterns, unknown fields), then
 evaluate the CEL rules (``x-kubernetes-validations``) with cel-python. ``tailguard up`` and the
 operator both call it, so a spec is accepted locally exactly when the cluster would accept it.
