@@ -216,7 +216,7 @@ cmd_traffic() {
   run curl -fsS -D "$SCRATCH/headers" -H 'Content-Type: application/json' --data "$REQUEST" "$url"
   echo
   if [[ -z "$DRY_RUN" ]]; then
-    grep -i '^x-tailguard-' "$SCRATCH/headers" | tr -d '\r'
+    grep -i '^x-tailguard-' "$SCRATCH/headers" | tr -d '\r' || true
     got=$(header X-Tailguard-Role "$SCRATCH/headers")
     [[ "$got" == "$role" ]] || die "X-Tailguard-Role is '$got', the cluster serves '$role': not the cluster's pods"
     got=$(header X-Tailguard-Model "$SCRATCH/headers")
@@ -239,12 +239,12 @@ cmd_load() {
   # build a queue): scripts/kind-load.py in a pod of the runtime image, LOAD_WORKERS closed
   # loops, until the active role's HPA asks for a second replica (on CPU from metrics-server or
   # tailguard_queue_depth from prometheus-adapter) and the new pods are Ready.
-  local port role hpa url replicas deadline=$((SECONDS + DURATION))
+  local port role child url replicas deadline=$((SECONDS + DURATION))
   port=$(capture 80 kubectl get -n "$NAMESPACE" service "$NAME" -o 'jsonpath={.spec.ports[0].port}')
   role=$(capture primary kubectl get -n "$NAMESPACE" inferenceservice "$NAME" -o 'jsonpath={.status.activeModel}')
-  hpa="$NAME-$role"
+  child="$NAME-$role" # the role's HPA and Deployment
   url="http://$NAME.$NAMESPACE.svc:$port/v2/models/$NAME/infer"
-  say "load on $url until horizontalpodautoscaler/$hpa scales (at most $DURATION s)"
+  say "load on $url until horizontalpodautoscaler/$child scales (at most $DURATION s)"
   run kubectl delete pod -n "$NAMESPACE" "$LOAD_POD" --ignore-not-found --now
   # The program goes in as `python -c` text: the image holds the Python packages only.
   show kubectl run "$LOAD_POD" -n "$NAMESPACE" --image="$RUNTIME_IMAGE" --image-pull-policy=IfNotPresent \
@@ -257,17 +257,17 @@ cmd_load() {
   fi
   run kubectl wait -n "$NAMESPACE" --for=condition=Ready "pod/$LOAD_POD" --timeout "$TIMEOUT"
   while :; do
-    replicas=$(capture 2 kubectl get -n "$NAMESPACE" hpa "$hpa" -o 'jsonpath={.status.desiredReplicas}')
+    replicas=$(capture 2 kubectl get -n "$NAMESPACE" hpa "$child" -o 'jsonpath={.status.desiredReplicas}')
     if ((${replicas:-0} >= 2)); then break; fi
     if ((SECONDS >= deadline)); then
-      run kubectl describe -n "$NAMESPACE" hpa "$hpa"
-      die "horizontalpodautoscaler/$hpa did not scale within $DURATION s"
+      run kubectl describe -n "$NAMESPACE" hpa "$child"
+      die "horizontalpodautoscaler/$child did not scale within $DURATION s"
     fi
-    run kubectl get -n "$NAMESPACE" hpa "$hpa" --no-headers
+    run kubectl get -n "$NAMESPACE" hpa "$child" --no-headers
     sleep 15
   done
-  say "horizontalpodautoscaler/$hpa wants $replicas replicas; waiting for them"
-  run kubectl rollout status -n "$NAMESPACE" "deployment/$hpa" --timeout "$TIMEOUT"
+  say "horizontalpodautoscaler/$child wants $replicas replicas; waiting for them"
+  run kubectl rollout status -n "$NAMESPACE" "deployment/$child" --timeout "$TIMEOUT"
   run kubectl logs -n "$NAMESPACE" "pod/$LOAD_POD"
   run kubectl get -n "$NAMESPACE" hpa,deployment -l "tailguard.dev/inferenceservice=$NAME"
   run kubectl delete pod -n "$NAMESPACE" "$LOAD_POD" --now
