@@ -20,7 +20,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tailguard_operator import manifests, quantity, spec
 from tailguard_runtime.protocol import decode_v2
@@ -143,7 +142,6 @@ def test_all_shows_an_hpa_scaling_before_the_rollback() -> None:
                    f"/v2/models/{EXAMPLE.name}/infer")
     assert float(seconds) > 0 and int(workers) > EXAMPLE.scaling.target_queue_depth
     assert decode_v2(body.encode(), 64, ["predict"]).x.shape == (1, 64)
-    assert (REPO / "scripts/kind-demo.sh").read_text().count("cmd_load") >= 2  # defined, in all
 
 
 def test_demo_runs_only_images_it_builds_and_the_docs_name() -> None:
@@ -182,8 +180,9 @@ def test_readme_short_version_builds_and_loads_as_the_script_does() -> None:
 
 # --- sizing ---------------------------------------------------------------------------------
 
-def cpu(text: str) -> Fraction:
-    value = quantity.parse(text)
+def amount(text: str) -> Fraction:
+    """A resource quantity (CPU in cores, memory in bytes) as an exact number."""
+    value: Fraction | None = quantity.parse(text)
     assert value is not None, text
     return value
 
@@ -208,9 +207,9 @@ def demo_requests(helm: Helm) -> dict[str, tuple[Fraction, Fraction]]:
                                                  "-f")[0]).read_text(encoding="utf-8"))
     runtime_pods = len(manifests.ROLES) * example.scaling.max_replicas
     out = {
-        "runtime": (runtime_pods * cpu(env["TAILGUARD_CPU_REQUEST"]),
-                    runtime_pods * cpu(env["TAILGUARD_MEMORY_REQUEST"])),
-        "operator": (replicas * cpu(op["cpu"]), replicas * cpu(op["memory"])),
+        "runtime": (runtime_pods * amount(env["TAILGUARD_CPU_REQUEST"]),
+                    runtime_pods * amount(env["TAILGUARD_MEMORY_REQUEST"])),
+        "operator": (replicas * amount(op["cpu"]), replicas * amount(op["memory"])),
     }
     (load,) = find_commands(commands, "kubectl", "run")
     assert "--override-type=strategic" in load
@@ -218,15 +217,15 @@ def demo_requests(helm: Helm) -> dict[str, tuple[Fraction, Fraction]]:
     (container,) = overrides["spec"]["containers"]
     assert container["name"] == load[2]  # kubectl run names the container after the pod
     requests = container["resources"]["requests"]
-    out["load"] = (cpu(requests["cpu"]), cpu(requests["memory"]))
+    out["load"] = (amount(requests["cpu"]), amount(requests["memory"]))
     for command in find_commands(commands, "helm", "upgrade", "--install"):
         if command[4].startswith("charts/"):
             continue
         key = (command[4], flag_values(command, "--version")[0])
         assert key in EXTERNAL_CHART_REQUESTS, f"{key}: read its default requests again"
         c, m = EXTERNAL_CHART_REQUESTS[key]
-        out[key[0]] = (cpu(c), cpu(m))
-    out["kind"] = (cpu(KIND_SYSTEM_REQUESTS[0]), cpu(KIND_SYSTEM_REQUESTS[1]))
+        out[key[0]] = (amount(c), amount(m))
+    out["kind"] = (amount(KIND_SYSTEM_REQUESTS[0]), amount(KIND_SYSTEM_REQUESTS[1]))
     return out
 
 
@@ -298,7 +297,9 @@ def repo_paths(argv: list[str]) -> list[str]:
 
 def test_every_command_in_the_kind_doc_names_files_and_targets_that_exist() -> None:
     commands = doc_commands(DOC)
-    paths, steps, targets = [], [], []
+    paths: list[str] = []
+    steps: list[str] = []
+    targets: list[str] = []
     for argv in commands:
         while argv and re.fullmatch(r"\w+=\S*", argv[0]):  # KEEP=1 scripts/...
             argv = argv[1:]
@@ -328,11 +329,9 @@ def test_the_doc_checker_catches_a_missing_file_step_and_target() -> None:
     assert not (REPO / "examples/nope.yaml").exists()
 
 
-def test_example_is_the_one_the_demo_applies() -> None:
+def test_the_demo_applies_the_example_these_tests_read() -> None:
     (apply,) = find_commands(demo_commands("deploy"), "kubectl", "apply")
     assert flag_values(apply, "-f") == [EXAMPLE_PATH]
-    assert yaml.safe_load((REPO / EXAMPLE_PATH).read_text())["spec"]["scaling"]["maxReplicas"] \
-        == EXAMPLE.scaling.max_replicas
 
 
 @pytest.mark.parametrize("step", sorted({"up", "deploy", "traffic", "load", "rollback",
