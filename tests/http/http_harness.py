@@ -24,6 +24,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import httpx
 import joblib
@@ -218,6 +219,48 @@ def file_model(path: Path, role: str = "primary") -> dict[str, Any]:
 
 
 # -- wire helpers --------------------------------------------------------------------------------
+
+
+def raw_exchange(port: int, head: bytes,
+                  chunks: Iterable[bytes] = ()) -> tuple[int, dict[str, str], bytes]:
+    """Send a hand-written HTTP/1.1 request (``head``, then each of ``chunks``) and read one
+    whole response: status, headers (lowercase names), body (de-chunked)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        for chunk in chunks:
+            sock.sendall(chunk)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = sock.recv(65536)
+            assert more, f"connection closed before a response: {data!r}"
+            data += more
+        raw_head, _, body = data.partition(b"\r\n\r\n")
+        status_line, *lines = raw_head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines)}
+        if headers.get("transfer-encoding") == "chunked":
+            while not body.endswith(b"0\r\n\r\n"):
+                more = sock.recv(65536)
+                assert more, "connection closed mid-body"
+                body += more
+            body = dechunk(body)
+        else:
+            length = int(headers.get("content-length", "0"))
+            while len(body) < length:
+                more = sock.recv(65536)
+                assert more, "connection closed mid-body"
+                body += more
+    return int(status_line.split()[1]), headers, body
+
+
+def dechunk(raw: bytes) -> bytes:
+    """The payload of a complete chunked body."""
+    out = b""
+    while True:
+        size_line, _, raw = raw.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return out
+        out, raw = out + raw[:size], raw[size + 2:]
 
 
 def v2_body(x: np.ndarray, *, nested: bool = False, datatype: str = "FP64",
