@@ -105,7 +105,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if self.replay is None and not self.transport.is_closing():
+        if self.replay is None and self.cycle is not None:  # None: a first request refused
             super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
