@@ -58,7 +58,9 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
         PayloadTooLarge: more than ``max_rows`` rows (413).
         InvalidInput: malformed JSON (400); missing or extra inputs, unsupported datatype, wrong
             shape or feature count, element count not matching the shape, non-numeric, boolean
-            or non-finite values, unknown requested outputs, a bad ``parameters.timeout`` (422).
+            or non-finite values, ``INT64`` values beyond 2**53 (:data:`INT64_EXACT`), ``FP32``
+            values beyond float32's range, unknown requested outputs or ``outputs: []``, a bad
+            ``parameters.timeout`` (422).
     """
     doc = _loads(body)
     if not isinstance(doc, dict):
@@ -192,7 +194,9 @@ def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
     """Undo a ``Content-Encoding`` of ``gzip`` or ``deflate`` (``identity`` passes through).
 
     Raises:
-        InvalidInput: another encoding (415) or a corrupt stream (400).
+        InvalidInput: another encoding (415); a corrupt stream, a bad checksum or length, a
+            stream that does not end, or bytes after its end (trailing junk, a second gzip
+            member) (400).
         PayloadTooLarge: the decompressed body would exceed ``limit`` bytes.
     """
     name = encoding.strip().lower()
