@@ -25,8 +25,9 @@ from typing import Any, Iterable
 
 import orjson
 from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
 
-from .errors import Forbidden, InvalidInput, ModelNotFound, TailguardError
+from .errors import Forbidden, IncompleteBody, InvalidInput, ModelNotFound, TailguardError
 from .protocol import preview
 from .service import Runtime
 
@@ -149,7 +150,11 @@ def add_control_routes(api: FastAPI, runtime: Runtime, secret: str) -> None:
     @api.post("/tailguard/traffic")
     async def set_traffic(request: Request) -> dict[str, Any]:
         check(request, True)
-        switch = parse_switch(await request.body())
+        try:
+            body = await request.body()
+        except ClientDisconnect:
+            raise IncompleteBody("the connection closed before the whole switch arrived") from None
+        switch = parse_switch(body)
         if switch.name is not None and switch.name != runtime.name:
             raise ModelNotFound(f"no InferenceService {switch.name!r} here; this "
                                 f"tailguard up serves {runtime.name!r}")

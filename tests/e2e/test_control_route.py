@@ -11,6 +11,7 @@ Every case runs against a real `tailguard up` process over HTTP.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Iterator
@@ -142,6 +143,19 @@ def test_a_body_the_switch_does_not_understand_is_a_4xx(iris: Up, body: bytes, s
     assert reply.status_code == status, reply.text
     assert needle in _error(reply)
     assert _active(iris) == "primary"
+
+
+def test_a_switch_cut_short_changes_nothing(iris: Up) -> None:
+    body = b'{"name": "iris", "activeModel": "fallback", "by": "test"}'
+    head = (f"POST /tailguard/traffic HTTP/1.1\r\nHost: 127.0.0.1:{iris.port}\r\n"
+            f"Authorization: Bearer {_secret(iris)}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body) + 20}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", iris.port), timeout=30) as sock:
+        sock.sendall(head + body)
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(65536) == b""  # closed without an answer: nobody is left to read it
+    assert _active(iris) == "primary"
+    assert "Traceback" not in iris.text()
 
 
 def test_on_a_dual_stack_listener_the_cli_finds_the_service_by_name(tmp_path: Path) -> None:
