@@ -121,10 +121,8 @@ def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, 
             "queued", client.post(V1, json=v1_body(waiting))))
         queued.start()
         _poll(client, {"tailguard_in_flight_requests": 2, "tailguard_queue_depth": 3})
-        running_since = time.monotonic()  # rows wait in the queue: the held batch runs
-        time.sleep(HOLD_S)
+        time.sleep(HOLD_S)  # rows wait in the queue, so the held batch runs: hold it HOLD_S more
         open_gate(probe_module, gate)
-        assert time.monotonic() - running_since >= HOLD_S
         slow.join(timeout=30)
         queued.join(timeout=30)
         assert box["slow"].status_code == 200 and box["queued"].status_code == 200
