@@ -89,15 +89,16 @@ class InferenceService:
     traffic: str
     spec: dict[str, Any]
 
-    def runtime_settings(self, *, control_routes: bool = False) -> RuntimeSettings:
-        """The settings a runtime process serving both roles needs."""
+    def runtime_settings(self, *, control_secret: str | None = None) -> RuntimeSettings:
+        """The settings a runtime process serving both roles needs; ``control_secret`` turns
+        on ``tailguard up``'s control routes."""
         return RuntimeSettings(
             name=self.name,
             models=(_model_settings(self.model, "primary"), _model_settings(self.fallback, "fallback")),
             batching=self.batching,
             stats_window_seconds=float(self.slo.window_seconds),
             slo_p99_ms=float(self.slo.p99_latency_ms),
-            control_routes=control_routes,
+            control_secret=control_secret,
         )
 
 

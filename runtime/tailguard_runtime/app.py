@@ -17,7 +17,6 @@ import logging
 from time import perf_counter
 from typing import Any, Awaitable, Callable, MutableMapping
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -25,8 +24,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
-from .errors import (BodyTimeout, Draining, GraceEnded, InvalidInput, ModelFailed,
-                     ModelNotFound, NotReady, PayloadTooLarge, TailguardError)
+from .control import add_control_routes
+from .errors import (BodyTimeout, Draining, GraceEnded, IncompleteBody, InvalidInput,
+                     ModelFailed, NotReady, PayloadTooLarge, TailguardError)
 from .protocol import (decode_v1, decode_v2, decompress, encode_error, encode_v1, encode_v2,
                        parse_timeout_header)
 from .service import Runtime, ServedModel
@@ -40,7 +40,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 CLOSING_HEADERS = JSON_HEADERS + [(b"connection", b"close")]
-LOOPBACK = frozenset(("127.0.0.1", "::1", "localhost"))
+INCOMPLETE = "the connection closed before the whole request body arrived"
 
 
 class InferenceApp:
@@ -147,8 +147,12 @@ class InferenceApp:
         Raises:
             PayloadTooLarge: the body grows past the limit.
             BodyTimeout: the body is still incomplete at ``deadline``.
+            IncompleteBody: the client closed (or half-closed) before the whole body arrived;
+                a part of a body is never run.
         """
         message = await receive()
+        if message["type"] == "http.disconnect":
+            raise IncompleteBody(INCOMPLETE)
         body: bytes = message.get("body", b"")
         if not message.get("more_body", False):
             return body
@@ -160,6 +164,8 @@ class InferenceApp:
             except TimeoutError:
                 raise BodyTimeout("the request body did not arrive within the request's "
                                   "deadline") from None
+            if message["type"] == "http.disconnect":
+                raise IncompleteBody(INCOMPLETE)
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
@@ -211,6 +217,11 @@ def build_app(runtime: Runtime) -> InferenceApp:
     @api.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         return JSONResponse({"error": str(exc.errors())}, 422)
+
+    @api.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> Response:
+        # a bug of ours: the same JSON shape as every other error (Starlette still logs it)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, 500)
 
     @api.api_route("/v2/health/live", methods=["GET", "HEAD"])
     async def live() -> dict[str, bool]:
@@ -264,40 +275,7 @@ def build_app(runtime: Runtime) -> InferenceApp:
                 **({} if runtime.status_source is None
                    else {"status": runtime.status_source()})}
 
-    if runtime.settings.control_routes:
-        @api.get("/tailguard/traffic")
-        async def get_traffic() -> dict[str, Any]:
-            return {"name": runtime.name, "activeModel": runtime.active_role,
-                    "roles": list(runtime.models)}
-
-        @api.get("/tailguard/status")
-        async def get_status() -> dict[str, Any]:
-            doc: dict[str, Any] = {"activeModel": runtime.active_role}
-            if runtime.status_source is not None:
-                doc.update(runtime.status_source())
-            return {"name": runtime.name, "status": doc}
-
-        @api.post("/tailguard/traffic")
-        async def set_traffic(request: Request) -> Any:
-            client = request.client.host if request.client else ""
-            if client not in LOOPBACK:
-                return JSONResponse({"error": "the traffic switch only answers on loopback"}, 403)
-            try:
-                body = orjson.loads(await request.body())
-                role = body["activeModel"]
-                by = body.get("by", "api")
-            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-                raise InvalidInput('body must be {"name": ..., "activeModel": "primary" | '
-                                   '"fallback", "by"?: "cli" | "guard" | ...}', 400) from None
-            if body.get("name", runtime.name) != runtime.name:
-                raise ModelNotFound(f"no InferenceService {body['name']!r} here; this "
-                                    f"tailguard up serves {runtime.name!r}")
-            try:
-                changed = runtime.switch(role, by=str(by))
-            except KeyError as exc:
-                raise InvalidInput(str(exc.args[0])) from None
-            except ValueError as exc:
-                raise InvalidInput(str(exc), 400) from None
-            return {"name": runtime.name, "activeModel": runtime.active_role, "changed": changed}
+    if runtime.settings.control_secret is not None:
+        add_control_routes(api, runtime, runtime.settings.control_secret)
 
     return InferenceApp(runtime, api)

@@ -29,6 +29,7 @@ import uvicorn
 
 from .app import build_app
 from .errors import ModelLoadError
+from .http11 import JsonHttpProtocol
 from .service import Runtime, load_runtime
 from .settings import RuntimeSettings
 
@@ -97,6 +98,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def base_url(host: str, port: int) -> str:
+    """``http://HOST:PORT``, with an IPv6 address in brackets (``http://[::]:8080``)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 async def serve(runtime: Runtime, sock: socket.socket, *,
                 on_started: Callable[[DrainingServer], Awaitable[None]] | None = None) -> None:
     """Serve ``runtime`` on an already bound socket until a signal drains it.
@@ -104,9 +110,11 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
     ``on_started`` runs once the server listens (``tailguard up`` uses it for its status line).
     """
     await runtime.start()
-    config = uvicorn.Config(build_app(runtime), http="httptools", lifespan="off",
+    # proxy_headers off: nothing sits in front of the runtime that we trust, and uvicorn would
+    # otherwise take X-Forwarded-For from any 127.0.0.1 peer as the client address
+    config = uvicorn.Config(build_app(runtime), http=JsonHttpProtocol, ws="none", lifespan="off",
                             access_log=False, log_config=None, timeout_graceful_shutdown=5,
-                            timeout_keep_alive=30, server_header=False)
+                            timeout_keep_alive=30, server_header=False, proxy_headers=False)
     server = DrainingServer(config, runtime)
     helper: asyncio.Task[None] | None = None
     if on_started is not None:
@@ -206,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailguard-runtime: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)
         return 2
-    logger.info("serving service=%s on http://%s:%d", settings.name, args.host, sock.getsockname()[1])
+    logger.info("serving service=%s on %s", settings.name, base_url(args.host, sock.getsockname()[1]))
     if args.role:
         async def follow(_: DrainingServer) -> None:
             await follow_traffic(runtime, args.config, args.role)

@@ -70,8 +70,9 @@ class RuntimeSettings:
     drain_grace_seconds: float = 20.0
     """After SIGTERM, how long admitted requests get to finish, in seconds. Kept below the
     pod's ``terminationGracePeriodSeconds`` (30 s by default in Kubernetes)."""
-    control_routes: bool = False
-    """Serve the loopback-only traffic switch (``tailguard up`` turns it on)."""
+    control_secret: str | None = None
+    """The per-run secret of ``tailguard up``'s control routes (``None``: no control routes,
+    as in a cluster); see :mod:`tailguard_runtime.control`."""
     fast_forests: bool = True
     """Evaluate random/extra-trees classifiers tree by tree without joblib's dispatch (same
     result, about 5x cheaper per call; see :func:`tailguard_runtime.models.forest_predict_proba`).

@@ -75,9 +75,14 @@ class Up:
         return code
 
 
-def start_up(spec: Path, timeout_s: float = 60.0, env: Mapping[str, str] | None = None) -> Up:
-    """Start `tailguard up SPEC --port 0` in the repository root; ``env`` adds variables."""
-    proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0"], stdout=subprocess.PIPE,
+def start_up(spec: Path, timeout_s: float = 60.0, env: Mapping[str, str] | None = None,
+             host: str | None = None) -> Up:
+    """Start `tailguard up SPEC --port 0` in the repository root; ``env`` adds variables,
+    ``host`` is passed as ``--host`` (the banner must then show it, e.g. ``http://[::]:PORT``).
+    :attr:`Up.base` is always ``http://127.0.0.1:PORT``."""
+    shown = re.escape(f"[{host}]" if host and ":" in host else host or "127.0.0.1")
+    proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0",
+                             *(["--host", host] if host else [])], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout_s
@@ -88,7 +93,7 @@ def start_up(spec: Path, timeout_s: float = 60.0, env: Mapping[str, str] | None 
         if not line:
             break
         seen.append(line)
-        match = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+        match = re.search(rf"on http://{shown}:(\d+)", line)
         if match:
             return Up(proc, int(match.group(1)), seen)
     proc.kill()
