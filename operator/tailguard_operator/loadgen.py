@@ -341,21 +341,21 @@ async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
             run.open_connection()
         run.next_for(run.idle.pop())
     before: ServerSnapshot | None = None
-    cpu0 = _cpu_s()
+    cpu0, measured_from = _cpu_s(), run.win_start
     phase = "warmup"
     while True:
         await asyncio.sleep(TICK_S)
         now = time.perf_counter()
         run.watchdog(now)
         if phase == "warmup" and now >= run.win_start:
-            phase, cpu0 = "measure", _cpu_s()
+            phase, cpu0, measured_from = "measure", _cpu_s(), time.perf_counter()
             if target.metrics_path:
                 before = await scrape(target.host, target.port, target.metrics_path)
         if phase == "measure" and (now >= run.win_end or run.issued >= bounds.max_requests):
             break
         if on_progress:
             on_progress(Progress(phase, now - t0, total_s, run.issued, run.answers, run.oks))
-    cpu = (_cpu_s() - cpu0) / max(time.perf_counter() - run.win_start, 1e-9)
+    cpu = (_cpu_s() - cpu0) / max(time.perf_counter() - measured_from, 1e-9)
     after = (await scrape(target.host, target.port, target.metrics_path)
              if before is not None and target.metrics_path else None)
     window_s = min(time.perf_counter(), run.win_end) - run.win_start
