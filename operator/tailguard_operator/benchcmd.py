@@ -70,6 +70,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``tailguard bench``; returns the exit code (see the module docstring)."""
     from .benchtarget import BenchRefused, choose_rows, encode_bodies, parse_url, read_metadata
+    from .loadgen import LOOPBACK
     from .loadplan import Bounds, parse_rates
 
     try:
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             target = parse_url(args.target)
         if rates is not None and len(rates) > 1 and slo_ms is None:
             raise BenchRefused("a rate sweep needs the SLO: give --slo-ms for a URL")
-        if target.host not in ("127.0.0.1", "localhost", "::1") and target.host != args.allow_host:
+        if target.host not in LOOPBACK and target.host != args.allow_host:
             raise BenchRefused(f"{target.host} is not loopback; name it with --allow-host "
                                f"{target.host} to load it")
         model = read_metadata(target)
@@ -111,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _read_spec(path: Path) -> tuple[str, float]:
     from .benchtarget import BenchRefused
-    from .local import spec_error_text
     from .spec import SpecError, find_object, parse
 
     try:
@@ -121,7 +121,9 @@ def _read_spec(path: Path) -> tuple[str, float]:
     try:
         isvc = parse(find_object(text, str(path)))
     except SpecError as exc:
-        raise BenchRefused(spec_error_text("", str(path), exc).lstrip(": ").splitlines()[0])
+        more = f" (and {len(exc.errors) - 1} more; tailguard validate lists them)" if len(
+            exc.errors) > 1 else ""
+        raise BenchRefused(f"{path} is not a valid InferenceService: {exc.errors[0]}{more}")
     return isvc.name, float(isvc.slo.p99_latency_ms)
 
 

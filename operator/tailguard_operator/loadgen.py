@@ -21,6 +21,7 @@ makes a latency look shorter than it was.
 from __future__ import annotations
 
 import asyncio
+import gc
 import resource
 import socket
 import time
@@ -31,9 +32,9 @@ from typing import Any, Callable, Coroutine
 
 import numpy as np
 
+from .httpwire import ResponseParser
 from .loadplan import (Bounds, ClosedLoop, LoadResult, OpenLoop, Schedule, arrival_offsets, judge,
                        percentiles_ms)
-from .httpwire import ResponseParser
 from .promview import ServerSnapshot, scrape
 
 EARLY_S = 0.001
@@ -324,6 +325,15 @@ async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
     if target.host not in LOOPBACK and target.host != allow_host:
         raise ValueError(f"refusing to load {target.host}: only loopback unless the host is "
                          "named explicitly")
+    gc.freeze()  # what exists now is never scanned again: shorter collector pauses mid-run
+    try:
+        return await _drive(target, schedule, bounds, on_progress, record)
+    finally:
+        gc.unfreeze()
+
+
+async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
+                 on_progress: Callable[[Progress], None] | None, record: bool) -> LoadResult:
     run = _Run(target, schedule, bounds, record)
     loop = run.loop
     probe = _Conn(run)  # fail fast, before any timing, when nothing listens
