@@ -71,9 +71,10 @@ class Bounds:
 
     def __post_init__(self) -> None:
         if not (self.duration_s > 0 and self.warmup_s >= 0 and self.max_requests >= 1
-                and self.timeout_s > 0 and self.max_connections >= 1):
-            raise ValueError("duration must be > 0, warmup >= 0, max requests, timeout and "
-                             "connections >= 1")
+                and self.timeout_s > 0 and self.max_connections >= 1
+                and self.max_lag_p99_ms > 0):
+            raise ValueError("duration, timeout and max lag must be > 0, warmup >= 0, max "
+                             "requests and connections >= 1")
 
 
 def arrival_offsets(schedule: OpenLoop, horizon_s: float, max_requests: int) -> np.ndarray:
