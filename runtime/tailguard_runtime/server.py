@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from .app import build_app
+from .connections import bounded_protocol
 from .errors import ModelLoadError
 from .service import Runtime, load_runtime
 from .settings import RuntimeSettings
@@ -107,6 +108,9 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
     config = uvicorn.Config(build_app(runtime), http="httptools", lifespan="off",
                             access_log=False, log_config=None, timeout_graceful_shutdown=5,
                             timeout_keep_alive=30, server_header=False)
+    limits = runtime.settings.connections
+    config.http = bounded_protocol(limits)
+    config.timeout_keep_alive = limits.keep_alive_s  # type: ignore[assignment]  # seconds
     server = DrainingServer(config, runtime)
     helper: asyncio.Task[None] | None = None
     if on_started is not None:

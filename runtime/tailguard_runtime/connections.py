@@ -1,0 +1,218 @@
+"""Per-connection bounds: what one client may hold open, parsed or unanswered.
+
+uvicorn's httptools protocol (``uvicorn/protocols/http/httptools_impl.py``, read at 0.54) parses
+every request in whatever it reads, queues pipelined ones without limit, arms its keep-alive
+timer only after a first response, and has no timeout for a request's head or body. So one
+client could hold memory (pipelined requests it never reads), and many could hold every file
+descriptor (sockets that send nothing, or one header line at a time). :func:`bounded_protocol`
+builds a subclass that adds, per connection:
+
+* an idle timeout from the moment of connecting (uvicorn's keep-alive timeout, seconds);
+* a deadline for a request's head (``request_head_timeout_s`` from its first byte) and for its
+  body (``request_body_timeout_s`` from the end of its head): 408 and close;
+* at most ``max_pipelined`` parsed and unanswered requests; past that, the rest of what was
+  read is held unparsed and reading pauses until answers go out;
+* a deadline for a client that does not read its answers (``send_stall_timeout_s`` while the
+  write buffer stays above its high-water mark): close;
+
+and, per process, a cap of ``max_connections`` open connections: a connection past the cap
+evicts the one that has been idle longest (no request in progress, or a head still incomplete),
+or is refused with 503 when every connection has a request in progress. What to serve is left
+to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .settings import ConnectionSettings
+
+logger = logging.getLogger(__name__)
+
+FEED_SLICE_BYTES = 8192
+"""Bytes handed to the HTTP parser at a time when more arrived at once, so that pipelined
+requests are counted as they are parsed (one 8 KiB slice holds at most a few hundred)."""
+
+RESERVED_FDS = 128
+"""File descriptors kept out of the connection cap: the listener, model files, logs, pipes."""
+
+MAX_DEFAULT_CONNECTIONS = 16384
+
+
+def default_max_connections() -> int:
+    """The process's soft open-file limit minus :data:`RESERVED_FDS` (at least 16, at most
+    :data:`MAX_DEFAULT_CONNECTIONS`): past that, ``accept`` fails with EMFILE for everyone."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_DEFAULT_CONNECTIONS
+    return max(16, min(MAX_DEFAULT_CONNECTIONS, soft - RESERVED_FDS))
+
+
+def raw_error(status: int, reason: str, message: str, extra: bytes = b"") -> bytes:
+    """A complete ``Connection: close`` HTTP/1.1 response with the protocol's error body."""
+    body = b'{"error":"' + message.encode("ascii") + b'"}'
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"%scontent-length: %d\r\n\r\n%s" % (status, reason.encode("ascii"), extra,
+                                                 len(body), body))
+
+
+def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
+    """An ``HttpToolsProtocol`` subclass enforcing ``settings`` (pass it as uvicorn's
+    ``Config.http``). Timeouts are in seconds; ``settings.max_connections`` ``None`` means
+    :func:`default_max_connections`."""
+    max_connections = settings.max_connections or default_max_connections()
+    head_timeout_s = settings.request_head_timeout_s
+    body_timeout_s = settings.request_body_timeout_s
+    stall_timeout_s = settings.send_stall_timeout_s
+    max_pipelined = settings.max_pipelined
+    head_408 = raw_error(408, "Request Timeout",
+                         f"request head not complete within {head_timeout_s:g} s")
+    body_408 = raw_error(408, "Request Timeout",
+                         f"request body not complete within {body_timeout_s:g} s")
+    full_503 = raw_error(503, "Service Unavailable",
+                         f"too many open connections ({max_connections}), all of them busy",
+                         b"retry-after: 1\r\n")
+
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol with the bounds of :mod:`tailguard_runtime.connections`."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._held = b""
+            self._idle_since = 0.0
+            self._head_timer: asyncio.TimerHandle | None = None
+            self._body_timer: asyncio.TimerHandle | None = None
+            self._stall_timer: asyncio.TimerHandle | None = None
+
+        # -- connections ---------------------------------------------------------------------
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._idle_since = self.loop.time()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            if len(self.connections) > max_connections:
+                self._make_room()
+
+        def _idle(self) -> bool:
+            """No request whose head is complete is waiting for its answer."""
+            cycle = self.cycle
+            return (cycle is None or cycle.response_complete) and not self.pipeline
+
+        def _make_room(self) -> None:
+            victim = min((c for c in self.connections
+                          if c is not self and isinstance(c, BoundedHttpToolsProtocol)
+                          and c._idle() and not c.transport.is_closing()),
+                         key=lambda c: c._idle_since, default=None)
+            if victim is not None:
+                logger.info("connection cap %d reached: closing the longest idle connection",
+                            max_connections)
+                victim.transport.close()
+            else:
+                logger.warning("connection cap %d reached, every connection busy: refusing",
+                               max_connections)
+                self.transport.write(full_503)
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_timers()
+            self._held = b""
+            super().connection_lost(exc)
+
+        def _cancel_timers(self) -> None:
+            for timer in (self._head_timer, self._body_timer, self._stall_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._head_timer = self._body_timer = self._stall_timer = None
+
+        # -- reading, with at most max_pipelined requests parsed and unanswered ---------------
+
+        def data_received(self, data: bytes) -> None:
+            if self._held:
+                data, self._held = self._held + data, b""
+            self._feed(data)
+
+        def _feed(self, data: bytes) -> None:
+            if len(data) <= FEED_SLICE_BYTES and len(self.pipeline) < max_pipelined:
+                super().data_received(data)
+                return
+            view = memoryview(data)
+            for start in range(0, len(data), FEED_SLICE_BYTES):
+                if self.parser is None or self.transport.is_closing():
+                    return
+                if len(self.pipeline) >= max_pipelined:
+                    self._held = bytes(view[start:])
+                    self.flow.pause_reading()
+                    return
+                super().data_received(bytes(view[start:start + FEED_SLICE_BYTES]))
+
+        def on_response_complete(self) -> None:
+            self._idle_since = self.loop.time()
+            super().on_response_complete()
+            if self._held and not self.transport.is_closing():
+                held, self._held = self._held, b""
+                self._feed(held)
+
+        # -- head and body deadlines ---------------------------------------------------------
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+
+        def on_headers_complete(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().on_headers_complete()
+            self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
+
+        def on_message_complete(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+            super().on_message_complete()
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing():
+                return
+            if self._idle():
+                self.transport.write(head_408)
+            self.transport.close()
+
+        def _body_timeout(self) -> None:
+            self._body_timer = None
+            cycle = self.cycle
+            if self.transport.is_closing() or cycle is None or not cycle.more_body:
+                return
+            if not cycle.response_started:
+                cycle.disconnected = True  # the app's own reply, if any, is dropped
+                cycle.message_event.set()
+                self.transport.write(body_408)
+            self.transport.close()
+
+        # -- clients that do not read their answers ------------------------------------------
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._stall_timer is None:
+                self._stall_timer = self.loop.call_later(stall_timeout_s, self._stalled)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
+
+        def _stalled(self) -> None:
+            self._stall_timer = None
+            logger.info("closing a connection whose client read no answer for %g s",
+                        stall_timeout_s)
+            self.transport.close()
+
+    return BoundedHttpToolsProtocol
