@@ -66,6 +66,9 @@ class InferenceApp:
                             max_valid_body_bytes(n_features, self.max_rows))
         """Bytes a body (inflated, when compressed) may have: what the largest valid request
         can need, never more than ``max_body_bytes``."""
+        self.limit_reason = (f" (the largest valid request: {self.max_rows} rows of "
+                             f"{n_features} features)"
+                             if self.max_body < runtime.settings.max_body_bytes else "")
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-decode")
         self.headers = {role: (JSON_HEADERS + s.headers, CLOSING_HEADERS + s.headers)
                         for role, s in runtime.models.items()}
@@ -103,7 +106,7 @@ class InferenceApp:
             for key, value in scope["headers"]:
                 if key == b"content-length" and int(value) > self.max_body:
                     raise PayloadTooLarge(f"body of {int(value)} bytes exceeds the limit of "
-                                          f"{self.max_body} bytes")
+                                          f"{self.max_body} bytes{self.limit_reason}")
                 if key == b"x-request-timeout-ms":
                     timeout_s = min(timeout_s, parse_timeout_header(value))
                 if key == b"inference-header-content-length":
@@ -196,7 +199,8 @@ class InferenceApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                raise PayloadTooLarge(f"body exceeds the limit of {self.max_body} bytes")
+                raise PayloadTooLarge(f"body exceeds the limit of {self.max_body} bytes"
+                                      f"{self.limit_reason}")
             chunks.append(chunk)
         return b"".join(chunks)
 

@@ -34,9 +34,9 @@ from .settings import ConnectionSettings
 
 logger = logging.getLogger(__name__)
 
-FEED_SLICE_BYTES = 8192
+FEED_SLICE_BYTES = 4096
 """Bytes handed to the HTTP parser at a time when more arrived at once, so that pipelined
-requests are counted as they are parsed (one 8 KiB slice holds at most a few hundred)."""
+requests are counted as they are parsed (one 4 KiB slice holds at most about 200)."""
 
 RESERVED_FDS = 128
 """File descriptors kept out of the connection cap: the listener, model files, logs, pipes."""
@@ -138,7 +138,11 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
             self._feed(data)
 
         def _feed(self, data: bytes) -> None:
-            if len(data) <= FEED_SLICE_BYTES and len(self.pipeline) < max_pipelined:
+            if len(self.pipeline) >= max_pipelined:
+                self._held = data
+                self.flow.pause_reading()
+                return
+            if len(data) <= FEED_SLICE_BYTES:
                 super().data_received(data)
                 return
             view = memoryview(data)
@@ -177,18 +181,28 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
                 self._body_timer = None
             super().on_message_complete()
 
+        def _waiting_on_us(self) -> bool:
+            """Earlier requests of this connection are still unanswered: its unparsed bytes
+            wait for the server (see ``_feed``), not for the client."""
+            return bool(self.pipeline) or bool(self._held)
+
         def _head_timeout(self) -> None:
             self._head_timer = None
             if self.transport.is_closing():
                 return
-            if self._idle():
-                self.transport.write(head_408)
+            if self._waiting_on_us() or not self._idle():
+                self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+                return
+            self.transport.write(head_408)
             self.transport.close()
 
         def _body_timeout(self) -> None:
             self._body_timer = None
             cycle = self.cycle
             if self.transport.is_closing() or cycle is None or not cycle.more_body:
+                return
+            if self._waiting_on_us():
+                self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
                 return
             if not cycle.response_started:
                 cycle.disconnected = True  # the app's own reply, if any, is dropped
@@ -211,8 +225,8 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
 
         def _stalled(self) -> None:
             self._stall_timer = None
-            logger.info("closing a connection whose client read no answer for %g s",
+            logger.info("aborting a connection whose client read no answer for %g s",
                         stall_timeout_s)
-            self.transport.close()
+            self.transport.abort()  # close() would wait for the buffer to drain: for ever
 
     return BoundedHttpToolsProtocol
