@@ -78,13 +78,15 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
                          f"too many open connections ({max_connections}), all of them busy",
                          b"retry-after: 1\r\n")
 
+    idle_order: dict[BoundedHttpToolsProtocol, None] = {}
+    """Connections with no request in progress, longest idle first (dicts keep order)."""
+
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol with the bounds of :mod:`tailguard_runtime.connections`."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._held = b""
-            self._idle_since = 0.0
             self._head_timer: asyncio.TimerHandle | None = None
             self._body_timer: asyncio.TimerHandle | None = None
             self._stall_timer: asyncio.TimerHandle | None = None
@@ -93,11 +95,16 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._idle_since = self.loop.time()
+            self._mark_idle()
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler)
             if len(self.connections) > max_connections:
                 self._make_room()
+
+        def _mark_idle(self) -> None:
+            """Queue this connection for eviction, behind those idle longer."""
+            idle_order.pop(self, None)
+            idle_order[self] = None
 
         def _idle(self) -> bool:
             """No request whose head is complete is waiting for its answer."""
@@ -105,10 +112,14 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
             return (cycle is None or cycle.response_complete) and not self.pipeline
 
         def _make_room(self) -> None:
-            victim = min((c for c in self.connections
-                          if c is not self and isinstance(c, BoundedHttpToolsProtocol)
-                          and c._idle() and not c.transport.is_closing()),
-                         key=lambda c: c._idle_since, default=None)
+            victim = None
+            while idle_order:
+                candidate = next(iter(idle_order))
+                del idle_order[candidate]
+                if candidate is not self and candidate._idle() \
+                        and not candidate.transport.is_closing():
+                    victim = candidate
+                    break
             if victim is not None:
                 logger.info("connection cap %d reached: closing the longest idle connection",
                             max_connections)
@@ -120,6 +131,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            idle_order.pop(self, None)
             self._cancel_timers()
             self._held = b""
             super().connection_lost(exc)
@@ -156,8 +168,9 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
                 super().data_received(bytes(view[start:start + FEED_SLICE_BYTES]))
 
         def on_response_complete(self) -> None:
-            self._idle_since = self.loop.time()
             super().on_response_complete()
+            if self._idle():
+                self._mark_idle()
             if self._held and not self.transport.is_closing():
                 held, self._held = self._held, b""
                 self._feed(held)
@@ -172,6 +185,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
+            idle_order.pop(self, None)
             super().on_headers_complete()
             self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
 
