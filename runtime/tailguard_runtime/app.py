@@ -94,6 +94,7 @@ class InferenceApp:
         resolved: ServedModel | None = None
         arrival = perf_counter()  # reset once the body is in: latency is the server's own
         admitted = False
+        body: bytes | None = None
         try:
             resolved = runtime.resolve(name, version)
             if runtime.draining:
@@ -137,7 +138,8 @@ class InferenceApp:
             else:
                 payload = encode_v1(outputs[0])
         except TailguardError as exc:
-            await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted)
+            await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
+                             close=isinstance(exc, PayloadTooLarge) and body is None)
             return
         except Exception as exc:  # a bug of ours: answer 500, keep serving
             logger.exception("unexpected error serving %s", scope["path"])
@@ -205,15 +207,19 @@ class InferenceApp:
         return b"".join(chunks)
 
     async def _fail(self, send: Send, resolved: ServedModel | None, served: ServedModel | None,
-                    exc: TailguardError, arrival: float, now: float, admitted: bool) -> None:
+                    exc: TailguardError, arrival: float, now: float, admitted: bool,
+                    close: bool = False) -> None:
         """Answer ``exc``; ``resolved`` is the role the request reached (its identity headers
         go on the reply), ``served`` the same once the request passed readiness (its metrics
-        count the reply)."""
+        count the reply). ``close``: end the connection after the reply; for a body refused
+        unread, since keeping the connection means receiving and discarding all of it (16 MiB
+        bodies sent back to back took most of a core)."""
         runtime = self.runtime
+        keep = runtime.keep_alive and not close
         if resolved is None:
-            headers = JSON_HEADERS if runtime.keep_alive else CLOSING_HEADERS
+            headers = JSON_HEADERS if keep else CLOSING_HEADERS
         else:
-            headers = self.headers[resolved.role][0 if runtime.keep_alive else 1]
+            headers = self.headers[resolved.role][0 if keep else 1]
         body = encode_error(exc.message)
         await send({"type": "http.response.start", "status": exc.status_code,
                     "headers": [*headers, *exc.headers, (b"content-length", b"%d" % len(body))]})

@@ -17,7 +17,8 @@ builds a subclass that adds, per connection:
 
 and, per process, a cap of ``max_connections`` open connections: a connection past the cap
 evicts the one that has been idle longest (no request in progress, or a head still incomplete),
-or is refused with 503 when every connection has a request in progress. What to serve is left
+(those that never completed a request first), or is refused with 503 when every connection
+has a request in progress. What to serve is left
 to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
 """
 
@@ -39,18 +40,22 @@ FEED_SLICE_BYTES = 4096
 requests are counted as they are parsed (one 4 KiB slice holds at most about 200)."""
 
 RESERVED_FDS = 128
-"""File descriptors kept out of the connection cap: the listener, model files, logs, pipes."""
+"""File descriptors kept out of the connection cap at least: the listener, model files, logs,
+pipes. A quarter of the limit is kept when that is more: the event loop accepts every pending
+connection in one go before the connections evicted for them release their descriptors, and
+at the limit libuv drops pending connections, good ones included."""
 
 MAX_DEFAULT_CONNECTIONS = 16384
 
 
 def default_max_connections() -> int:
-    """The process's soft open-file limit minus :data:`RESERVED_FDS` (at least 16, at most
-    :data:`MAX_DEFAULT_CONNECTIONS`): past that, ``accept`` fails with EMFILE for everyone."""
+    """The process's soft open-file limit less :data:`RESERVED_FDS` or a quarter of it,
+    whichever is more (at least 16, at most :data:`MAX_DEFAULT_CONNECTIONS`); 768 for the common
+    limit of 1,024. Past the limit, ``accept`` fails with EMFILE for everyone."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return MAX_DEFAULT_CONNECTIONS
-    return max(16, min(MAX_DEFAULT_CONNECTIONS, soft - RESERVED_FDS))
+    return max(16, min(MAX_DEFAULT_CONNECTIONS, soft - max(RESERVED_FDS, soft // 4)))
 
 
 def raw_error(status: int, reason: str, message: str, extra: bytes = b"") -> bytes:
@@ -78,8 +83,12 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
                          f"too many open connections ({max_connections}), all of them busy",
                          b"retry-after: 1\r\n")
 
-    idle_order: dict[BoundedHttpToolsProtocol, None] = {}
-    """Connections with no request in progress, longest idle first (dicts keep order)."""
+    fresh: dict[BoundedHttpToolsProtocol, None] = {}
+    """Idle connections that never completed a request, longest idle first (dicts keep
+    order): evicted first, so sockets that never send a whole request cannot push out the
+    connections of clients that do."""
+    served: dict[BoundedHttpToolsProtocol, None] = {}
+    """Idle connections that have completed a request, longest idle first."""
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol with the bounds of :mod:`tailguard_runtime.connections`."""
@@ -87,6 +96,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._held = b""
+            self._served = False
             self._head_timer: asyncio.TimerHandle | None = None
             self._body_timer: asyncio.TimerHandle | None = None
             self._stall_timer: asyncio.TimerHandle | None = None
@@ -103,8 +113,12 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
 
         def _mark_idle(self) -> None:
             """Queue this connection for eviction, behind those idle longer."""
-            idle_order.pop(self, None)
-            idle_order[self] = None
+            self._unmark_idle()
+            (served if self._served else fresh)[self] = None
+
+        def _unmark_idle(self) -> None:
+            fresh.pop(self, None)
+            served.pop(self, None)
 
         def _idle(self) -> bool:
             """No request whose head is complete is waiting for its answer."""
@@ -113,13 +127,13 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
 
         def _make_room(self) -> None:
             victim = None
-            while idle_order:
-                candidate = next(iter(idle_order))
-                del idle_order[candidate]
-                if candidate is not self and candidate._idle() \
-                        and not candidate.transport.is_closing():
-                    victim = candidate
-                    break
+            for order in (fresh, served):
+                while order and victim is None:
+                    candidate = next(iter(order))
+                    del order[candidate]
+                    if candidate is not self and candidate._idle() \
+                            and not candidate.transport.is_closing():
+                        victim = candidate
             if victim is not None:
                 logger.info("connection cap %d reached: closing the longest idle connection",
                             max_connections)
@@ -131,7 +145,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            idle_order.pop(self, None)
+            self._unmark_idle()
             self._cancel_timers()
             self._held = b""
             super().connection_lost(exc)
@@ -168,6 +182,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
                 super().data_received(bytes(view[start:start + FEED_SLICE_BYTES]))
 
         def on_response_complete(self) -> None:
+            self._served = True
             super().on_response_complete()
             if self._idle():
                 self._mark_idle()
@@ -185,7 +200,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[HttpToolsProtocol]:
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
-            idle_order.pop(self, None)
+            self._unmark_idle()
             super().on_headers_complete()
             self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
 
