@@ -6,8 +6,9 @@
 What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
 
 1. Starts ``tailguard-runtime`` for ``examples/digits.yaml`` (200-tree forest, SLO p99 50 ms,
-   ``maxQueueSize`` 512) pinned to core 0 (``taskset -c 0``), with a 1,024-descriptor limit
-   as in the report. This script and its load processes keep to core 1.
+   ``maxQueueSize`` 512) pinned to core 0 (``taskset -c 0``), with a soft limit of 1,024
+   descriptors as in the report (the runtime raises it to the hard limit; ``--hard-fd-limit``
+   caps that at 1,024 too, so the connection cap of 768 is what holds). This script and its load processes keep to core 1.
 2. Calibrates: the good client (:func:`openloop`, one digits row per v2 request) at rising
    rates; the service's rate at SLO is the highest whose p99 stays within the SLO with every
    answer 200. The good rate is half of it.
@@ -78,7 +79,13 @@ def digits_config() -> dict[str, Any]:
 
 
 def _limit_fds() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    """A soft open-file limit of 1,024 (the hard one stays), as systemd and many container
+    runtimes set it; ``--hard-fd-limit`` makes the hard limit 1,024 too."""
+    hard = 1024 if HARD_FD_LIMIT else resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+
+HARD_FD_LIMIT = False
 
 
 @contextlib.contextmanager
@@ -90,7 +97,7 @@ def runtime(config: dict[str, Any], workdir: Path, pythonpath: str | None = None
     path.write_text(json.dumps(config))
     env = dict(os.environ, PYTHONPATH=pythonpath or os.environ.get("PYTHONPATH", ""))
     argv = ["taskset", "-c", str(SERVER_CPU), PYTHON, "-m", "tailguard_runtime", "--config",
-            str(path), "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
+            str(path), "--host", "127.0.0.1", "--port", str(port), "--log-level", os.environ.get("SOAK_LOG_LEVEL", "WARNING")]
     logfile = open(workdir / f"server-{port}.log", "wb")
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile,
                             env=env, preexec_fn=_limit_fds if fd_limit else None)
@@ -468,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="before/after pairs at 64 clients (0: skip)")
     parser.add_argument("--ab-seconds", type=float, default=6.0)
     parser.add_argument("--before", default="main", help="git ref of the runtime before")
+    parser.add_argument("--hard-fd-limit", action="store_true",
+                        help="also cap the server's hard open-file limit at 1,024")
     parser.add_argument("--good-client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -476,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         raise SystemExit("soak: needs taskset and 2 cores")
+    global HARD_FD_LIMIT
+    HARD_FD_LIMIT = args.hard_fd_limit
     os.sched_setaffinity(0, {LOAD_CPU})
     resource.setrlimit(resource.RLIMIT_NOFILE, (8192, max(8192, resource.getrlimit(
         resource.RLIMIT_NOFILE)[1])))

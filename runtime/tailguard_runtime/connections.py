@@ -58,6 +58,23 @@ def default_max_connections() -> int:
     return max(16, min(MAX_DEFAULT_CONNECTIONS, soft - max(RESERVED_FDS, soft // 4)))
 
 
+def raise_fd_limit(most: int = 65536) -> int:
+    """Raise the soft open-file limit to the hard limit (at most ``most``), as Go's runtime does
+    since 1.19: the soft default of 1,024 (systemd, many container runtimes) is a
+    compatibility setting for ``select()``, which the event loop does not use. Returns the soft
+    limit now in force; leaves it as it is if it cannot be raised.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = most if hard == resource.RLIM_INFINITY else min(hard, most)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            logger.warning("cannot raise the open-file limit from %d to %d", soft, target)
+    return soft
+
+
 def raw_error(status: int, reason: str, message: str, extra: bytes = b"") -> bytes:
     """A complete ``Connection: close`` HTTP/1.1 response with the protocol's error body."""
     body = b'{"error":"' + message.encode("ascii") + b'"}'

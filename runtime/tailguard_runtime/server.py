@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from .app import build_app
-from .connections import bounded_protocol
+from .connections import bounded_protocol, raise_fd_limit
 from .errors import ModelLoadError
 from .service import Runtime, load_runtime
 from .settings import RuntimeSettings
@@ -109,6 +109,7 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
                             access_log=False, log_config=None, timeout_graceful_shutdown=5,
                             timeout_keep_alive=30, server_header=False)
     limits = runtime.settings.connections
+    raise_fd_limit()
     config.http = bounded_protocol(limits)
     config.timeout_keep_alive = limits.keep_alive_s  # type: ignore[assignment]  # seconds
     server = DrainingServer(config, runtime)
