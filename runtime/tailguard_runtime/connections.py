@@ -16,9 +16,10 @@ builds a subclass that adds, per connection:
   write buffer stays above its high-water mark): close;
 
 and, per process, a cap of ``max_connections`` open connections: a connection past the cap
-evicts the one that has been idle longest (no request in progress, or a head still incomplete),
-(those that never completed a request first), or is refused with 503 when every connection
-has a request in progress. What to serve is left
+evicts the one that has been idle longest (no request in progress, or a head still incomplete;
+those that never completed a request first), or is refused with 503 when every connection
+has a request in progress. :func:`raise_fd_limit` lifts the soft open-file limit first, so the
+cap is rarely what holds. What to serve is left
 to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
 """
 
