@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from itertools import accumulate
 from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
 from time import perf_counter
 from typing import Any, Callable
 

@@ -55,7 +55,7 @@ def max_valid_body_bytes(n_features: int, max_rows: int) -> int:
     (``maxQueueSize``) of ``n_features`` values of :data:`BODY_BYTES_PER_VALUE` each, plus
     :data:`BODY_OVERHEAD_BYTES`. A larger body (or a compressed one inflating past it) is
     refused with 413 before it is parsed; for the digits example (64 features, 512 rows) that is
-    about 1.6 MiB."""
+    about 1.6 MB (1,638,400 bytes)."""
     return BODY_OVERHEAD_BYTES + max_rows * n_features * BODY_BYTES_PER_VALUE
 
 
