@@ -87,7 +87,8 @@ class ConnectionSettings:
                                                cls.send_stall_timeout_s)),
             max_pipelined=int(raw.get("maxPipelinedRequests", cls.max_pipelined)),
         )
-        for key, value in (("maxConnections", made.max_connections or 1),
+        for key, value in (("maxConnections", 1 if made.max_connections is None
+                            else made.max_connections),
                            ("keepAliveSeconds", made.keep_alive_s),
                            ("requestHeadTimeoutSeconds", made.request_head_timeout_s),
                            ("requestBodyTimeoutSeconds", made.request_body_timeout_s),
