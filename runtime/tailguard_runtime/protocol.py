@@ -47,6 +47,23 @@ class V2Request:
     timeout_us: float | None
 
 
+BODY_BYTES_PER_VALUE = 48
+"""Room for one tensor value in a valid body: the longest float64 JSON number (24 characters,
+``-2.2250738585072014e-308``), its separator, and the indentation ``json.dumps(indent=4)``
+puts before each value of a nested row."""
+BODY_OVERHEAD_BYTES = 64 * 1024
+"""Room for everything but the values: names, shape, ``id``, ``parameters``, ``outputs``."""
+
+
+def max_valid_body_bytes(n_features: int, max_rows: int) -> int:
+    """The largest body a valid request can have, in bytes: at most ``max_rows`` rows
+    (``maxQueueSize``) of ``n_features`` values of :data:`BODY_BYTES_PER_VALUE` each, plus
+    :data:`BODY_OVERHEAD_BYTES`. A larger body (or a compressed one inflating past it) is
+    refused with 413 before it is parsed; for the digits example (64 features, 512 rows) that is
+    about 1.6 MB (1,638,400 bytes)."""
+    return BODY_OVERHEAD_BYTES + max_rows * n_features * BODY_BYTES_PER_VALUE
+
+
 def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
               max_rows: int | None = None) -> V2Request:
     """Decode and validate a v2 ``/infer`` body for a model with ``n_features`` features.

@@ -28,8 +28,8 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from .app import build_app
+from .connections import bounded_protocol, raise_fd_limit
 from .errors import ModelLoadError
-from .http11 import JsonHttpProtocol
 from .service import Runtime, load_runtime
 from .settings import RuntimeSettings
 
@@ -110,11 +110,15 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
     ``on_started`` runs once the server listens (``tailguard up`` uses it for its status line).
     """
     await runtime.start()
+    # http: uvicorn's httptools protocol with JSON errors and per-connection bounds.
     # proxy_headers off: nothing sits in front of the runtime that we trust, and uvicorn would
-    # otherwise take X-Forwarded-For from any 127.0.0.1 peer as the client address
-    config = uvicorn.Config(build_app(runtime), http=JsonHttpProtocol, ws="none", lifespan="off",
-                            access_log=False, log_config=None, timeout_graceful_shutdown=5,
-                            timeout_keep_alive=30, server_header=False, proxy_headers=False)
+    # otherwise take X-Forwarded-For from any 127.0.0.1 peer as the client address.
+    limits = runtime.settings.connections
+    raise_fd_limit()
+    config = uvicorn.Config(build_app(runtime), http=bounded_protocol(limits), ws="none",
+                            lifespan="off", access_log=False, log_config=None,
+                            timeout_graceful_shutdown=5, server_header=False, proxy_headers=False,
+                            timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
     server = DrainingServer(config, runtime)
     helper: asyncio.Task[None] | None = None
     if on_started is not None:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
-import joblib
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

@@ -15,11 +15,14 @@ import pytest
 
 from http_harness import (DIGITS_MAX_QUEUE, RuntimeServer, error_of, raw_exchange, v1_body,
                           v2_body, v2_outputs)
+from tailguard_runtime.protocol import max_valid_body_bytes
 
 V2 = "/v2/models/digits/infer"
 V1 = "/v1/models/digits:predict"
 N = 64  # digits features
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # RuntimeSettings.max_body_bytes; no config key sets it
+DIGITS_MAX_BODY = max_valid_body_bytes(64, DIGITS_MAX_QUEUE)
+"""The digits server's body limit: what its largest valid request can need (< 16 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -188,14 +191,14 @@ def test_bad_request_gets_its_status_and_an_error_body(digits_server: RuntimeSer
 
 
 def test_declared_body_over_the_limit_is_refused_unread(digits_server: RuntimeServer) -> None:
-    """A Content-Length over the 16 MiB default is refused at once: no body is ever sent."""
+    """A Content-Length over the limit is refused at once: no body is ever sent."""
     head = (f"POST {V2} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {DEFAULT_MAX_BODY + 1}\r\n\r\n").encode()
     status, headers, body = raw_exchange(digits_server.port, head)
     assert status == 413
     assert headers["content-type"].startswith("application/json")
     message = json.loads(body)["error"]
-    assert str(DEFAULT_MAX_BODY) in message
+    assert str(DIGITS_MAX_BODY) in message
 
 
 def test_chunked_body_over_the_limit_is_refused(digits_server: RuntimeServer) -> None:
@@ -207,7 +210,7 @@ def test_chunked_body_over_the_limit_is_refused(digits_server: RuntimeServer) ->
     status, headers, body = raw_exchange(digits_server.port, head, chunks)
     assert status == 413
     assert headers["content-type"].startswith("application/json")
-    assert str(DEFAULT_MAX_BODY) in json.loads(body)["error"]
+    assert str(DIGITS_MAX_BODY) in json.loads(body)["error"]
 
 
 def test_bad_requests_never_hurt_their_batch_mates(

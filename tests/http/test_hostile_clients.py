@@ -126,13 +126,17 @@ def test_health_answers_head_probes(waiting_server: RuntimeServer) -> None:
 def test_a_huge_body_with_the_wrong_count_is_refused_before_conversion(
         waiting_server: RuntimeServer) -> None:
     """Bodies whose data cannot match their shape were converted in full first, stalling every
-    other request for hundreds of ms; the count is now checked before any conversion."""
-    data = np.zeros(400_000).tolist()
+    other request for hundreds of ms; the count is now checked before any conversion. (Bodies
+    larger than any valid request are refused unread: see test_availability.py.)"""
+    data = np.zeros(15_000).tolist()
     body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": data}]}
     with waiting_server.client() as client:
         reply = client.post("/v2/models/iris/infer", json=body)
+        huge = client.post("/v2/models/iris/infer", json={"inputs": [
+            {**body["inputs"][0], "data": np.zeros(400_000).tolist()}]})
     assert reply.status_code == 422
-    assert "needs 4 values, data has 400000" in error_of(reply)
+    assert "needs 4 values, data has 15000" in error_of(reply)
+    assert huge.status_code == 413 and "largest valid request" in error_of(huge)
 
 
 def test_the_server_is_healthy_after_all_that(waiting_server: RuntimeServer,

@@ -46,7 +46,7 @@ MALFORMED = {
                            400, "malformed HTTP request"),
     "content-length-with-chunked": (_post_head(len(BODY), "Transfer-Encoding: chunked")
                                     + b"0\r\n\r\n", 400, "Transfer-Encoding"),
-    "bare-lf": (f"GET /v2/health/live HTTP/1.1\nHost: 127.0.0.1\n\n".encode(), 400,
+    "bare-lf": ("GET /v2/health/live HTTP/1.1\nHost: 127.0.0.1\n\n".encode(), 400,
                 "malformed HTTP request"),
     "100-kb-path": (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414,
                     "exceeds 8192 bytes"),
