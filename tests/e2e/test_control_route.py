@@ -14,26 +14,12 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 from tailguard_operator.localstate import find_control_file, state_dir
 
-from up_harness import ROOT, Up, run_cli, start_up
-
-IRIS = ROOT / "examples" / "iris.yaml"
-
-
-@pytest.fixture(scope="module")
-def iris() -> Iterator[Up]:
-    server = start_up(IRIS)
-    try:
-        server.wait_for(r"^Ctrl-C drains and stops\.")
-        yield server
-    finally:
-        server.stop()
-
+from up_harness import IRIS, Up, run_cli, start_up
 
 def _secret(up: Up, name: str = "iris") -> str:
     control = find_control_file(name, up.port)

@@ -16,29 +16,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tailguard_operator.localstate import find_control_file
 
-from up_harness import ROOT, TAILGUARD, WAIT_S, Up, run_cli, start_up
+from up_harness import IRIS, ROOT, TAILGUARD, WAIT_S, Up, run_cli, start_up
 
-IRIS = ROOT / "examples" / "iris.yaml"
 SWITCH_LINE = (r"traffic switched service=iris from=(\w+) to=(\w+) by=(\w+) "
                r"at=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)$")
-
-
-@pytest.fixture(scope="module")
-def iris() -> Iterator[Up]:
-    server = start_up(IRIS)
-    try:
-        server.wait_for(r"^Ctrl-C drains and stops\.")
-        yield server
-    finally:
-        server.stop()
 
 
 def banner_command(up: Up, label: str) -> list[str]:

@@ -19,11 +19,12 @@ from tailguard_operator.upproc import TAILGUARD, WAIT_S
 from tailguard_operator.upproc import UpProcess as Up
 from tailguard_operator.upproc import start_up as _start_up
 
-__all__ = ["EXAMPLE", "ROOT", "TAILGUARD", "WAIT_S", "Up", "one_line_failure", "run_cli",
+__all__ = ["EXAMPLE", "IRIS", "ROOT", "TAILGUARD", "WAIT_S", "Up", "one_line_failure", "run_cli",
            "start_up"]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.yaml"
+IRIS = ROOT / "examples" / "iris.yaml"
 
 
 def start_up(spec: Path, timeout_s: float = WAIT_S, env: Mapping[str, str] | None = None,
