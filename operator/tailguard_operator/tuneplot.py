@@ -1,0 +1,75 @@
+"""The PNG of ``tailguard tune`` (and of ``tailguard report``): the grid and the raw table.
+
+Three panels side by side: p99 (ms) against ``maxBatchSize`` with one line per ``maxWaitMs``,
+the SLO as a dashed line and the chosen point marked; throughput (req/s) against
+``maxBatchSize``, same lines, same mark; and the raw model table (:mod:`.rawtable`). Drawn with
+matplotlib's object API on the Agg canvas (no pyplot, no global state, no display needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .rawtable import RawRow
+from .tunegrid import PointResult, Policy
+
+
+def plot_tune(path: Path, points: Sequence[PointResult], table: Sequence[RawRow],
+              slo_ms: float, chosen: Policy | None, *, title: str = "") -> Path:
+    """Write the PNG to ``path`` (its folder must exist) and return ``path``.
+
+    ``points`` in any order (points without a p99 are left out of the p99 panel); ``chosen``
+    is marked in both panels when given; ``slo_ms`` is drawn on the p99 panel.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.8), dpi=100)
+    FigureCanvasAgg(fig)
+    p99_ax, rps_ax, table_ax = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    waits = sorted({p.policy.max_wait_ms for p in points})
+    for wait in waits:
+        line = sorted((p for p in points if p.policy.max_wait_ms == wait),
+                      key=lambda p: p.policy.max_batch_size)
+        with_p99 = [p for p in line if p.p99_ms is not None]
+        label = f"maxWaitMs={wait}"
+        p99_ax.plot([p.policy.max_batch_size for p in with_p99],
+                    [p.p99_ms for p in with_p99], marker="o", label=label)
+        rps_ax.plot([p.policy.max_batch_size for p in line], [p.throughput_rps for p in line],
+                    marker="o", label=label)
+    p99_ax.axhline(slo_ms, color="red", linestyle="--", label=f"SLO p99 {slo_ms:g} ms")
+    if chosen is not None:
+        for p in points:
+            if p.policy == chosen:
+                if p.p99_ms is not None:
+                    p99_ax.plot([chosen.max_batch_size], [p.p99_ms], marker="*", markersize=18,
+                                color="gold", markeredgecolor="black", linestyle="none",
+                                label=f"chosen: {chosen.label()}")
+                rps_ax.plot([chosen.max_batch_size], [p.throughput_rps], marker="*",
+                            markersize=18, color="gold", markeredgecolor="black",
+                            linestyle="none", label="chosen")
+    batches = sorted({p.policy.max_batch_size for p in points})
+    for ax, ylabel in ((p99_ax, "p99 latency (ms)"), (rps_ax, "throughput (req/s)")):
+        ax.set_xscale("log", base=2)
+        if batches:
+            ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("maxBatchSize (rows)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    p99_ax.set_title("p99 against batch size")
+    rps_ax.set_title("throughput against batch size")
+    table_ax.axis("off")
+    table_ax.set_title("raw model, in process (one call)")
+    if table:
+        cells = [[str(r.batch), f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.rows_per_s:,.0f}"]
+                 for r in table]
+        drawn = table_ax.table(cellText=cells, colLabels=["batch", "ms median", "ms p90",
+                                                          "rows/s"], loc="center")
+        drawn.scale(1, 1.6)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
