@@ -8,6 +8,7 @@
   ``--cluster`` the InferenceService's status.
 * ``tailguard validate FILE.yaml [--models]`` -- check a spec the way the API server would; print
   it defaulted, as YAML that can be applied again; ``--models`` also loads both models.
+* ``tailguard bench TARGET`` -- load-test a served InferenceService (see :mod:`.benchcmd`).
 * ``tailguard operator`` -- run the Kubernetes operator.
 
 Every failure is one line on stderr and a non-zero exit code: 1 when the command ran and was
@@ -93,6 +94,10 @@ def _parser() -> argparse.ArgumentParser:
                           help="also load both models and check that the fallback is a drop-in "
                                "for the primary (same features, same classes)")
     validate.set_defaults(func=_validate)
+
+    from .benchcmd import add_parser as add_bench
+
+    add_bench(sub)
 
     text = "run the Kubernetes operator (in a cluster, or against the current kubeconfig)"
     operator = sub.add_parser("operator", help=text, description=text + ".")
