@@ -9,7 +9,7 @@ matplotlib's object API on the Agg canvas (no pyplot, no global state, no displa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .rawtable import RawRow
 from .tunegrid import PointResult, Policy
@@ -70,6 +70,34 @@ def plot_tune(path: Path, points: Sequence[PointResult], table: Sequence[RawRow]
         drawn.scale(1, 1.6)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_raw(path: Path, tables: dict[str, list[dict[str, Any]]]) -> Path:
+    """Write the raw model tables of ``tailguard report`` as a PNG (two panels: ms per call and
+    rows/s against batch size, one line per role). ``tables`` maps a role to
+    :meth:`~.rawtable.RawRow.as_dict` rows. Returns ``path``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ms_ax, rows_ax = fig.subplots(1, 2)
+    for role, rows in tables.items():
+        batches = [r["batch"] for r in rows]
+        ms_ax.plot(batches, [r["median_ms"] for r in rows], marker="o", label=role)
+        rows_ax.plot(batches, [r["rows_per_s"] for r in rows], marker="o", label=role)
+    for ax, ylabel in ((ms_ax, "ms per call (median)"), (rows_ax, "rows/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch (rows per call)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    ms_ax.set_title("one model call, in process")
+    rows_ax.set_title("where batching stops paying")
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path

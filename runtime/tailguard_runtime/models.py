@@ -70,6 +70,8 @@ class Predictor:
     """The classifier's ``classes_``; ``None`` for a regressor."""
     estimator_type: str
     """The estimator's class name, for metadata and log lines."""
+    estimator: Any = dataclasses.field(default=None, repr=False, compare=False)
+    """The fitted estimator itself (for ``tailguard report``'s model size); None if unknown."""
 
     @functools.cached_property
     def output_names(self) -> tuple[str, ...]:
@@ -200,7 +202,7 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
         return Predictor(uri, int(n_features), (OutputSpec("predict", "FP64", (-1,)),), run,
-                         None, type(estimator).__name__)
+                         None, type(estimator).__name__, estimator)
 
     classes = np.asarray(classes)
     label_type = _datatype(classes.dtype)
@@ -223,7 +225,7 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
     return Predictor(uri, int(n_features), tuple(outputs), run, tuple(classes.tolist()),
-                     type(estimator).__name__)
+                     type(estimator).__name__, estimator)
 
 
 def load_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
