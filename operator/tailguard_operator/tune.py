@@ -34,9 +34,11 @@ from .tunegrid import Choice, Grid, Policy, PointResult, build_grid, choose
 
 DEFAULT_BUDGET_S = 600.0
 """Default bound on a whole ``tailguard tune`` run (issue 13)."""
-SWEEP_START_SHARE = 1 / 32
-"""Without ``--rate``: a point's first rate is this share of the raw table's rows/s at its
-batch size; each next rate doubles, up to that rows/s (the model thread's ceiling)."""
+SWEEP_START_RPS = 25.0
+"""Without ``--rate``: a point's first rate (requests/s); each next rate doubles, up to the raw
+table's rows/s at its batch size (the model thread's ceiling). Low, because HTTP and a busy
+machine cost far more than the model call; later points skip the rates below half the best
+rate at SLO found so far."""
 START_S = 5.0
 """What starting the points' ``tailguard up`` processes is assumed to cost (s) before the first
 start is measured."""
@@ -125,8 +127,9 @@ def tune(isvc: InferenceService, text: str, rows: np.ndarray, run_model: Callabl
                     k += 1
                     for thread in stopping:
                         thread.join()  # measure with nothing else of ours busy
-                    rates = ([opts.rate] if opts.rate is not None
-                             else sweep_rates(table, policy.max_batch_size))
+                    held = [p.throughput_rps for p in result.points if p.meets_slo]
+                    rates = ([opts.rate] if opts.rate is not None else
+                             sweep_rates(table, policy.max_batch_size, max(held, default=0) / 2))
                     runs = measure_policy(isvc, up.base, rows, rates, opts, show,
                                           f"{k}/{len(specs)} {policy.label()}",
                                           until=deadline)
@@ -185,16 +188,17 @@ def _point_text(text: str, policy: Policy) -> str:
     return changed
 
 
-def sweep_rates(table: list[RawRow], batch: int) -> list[float]:
-    """Doubling rates from :data:`SWEEP_START_SHARE` of the rows/s at ``batch`` (the nearest
-    table row at or below it) up to that rows/s."""
+def sweep_rates(table: list[RawRow], batch: int, floor_rps: float = 0.0) -> list[float]:
+    """Rates (requests/s) doubling from :data:`SWEEP_START_RPS` up to the rows/s at ``batch``
+    (the nearest table row at or below it), without those below ``floor_rps``; at least one."""
     ceiling = max((r for r in table if r.batch <= batch), key=lambda r: r.batch,
                   default=table[0]).rows_per_s
-    rates, rate = [], max(1.0, round(ceiling * SWEEP_START_SHARE))
+    rates, rate = [], SWEEP_START_RPS
     while rate <= ceiling:
         rates.append(rate)
         rate *= 2
-    return rates or [max(1.0, round(ceiling))]
+    kept = [r for r in rates if r >= floor_rps]
+    return kept or rates[-1:] or [SWEEP_START_RPS]
 
 
 def measure_policy(isvc: InferenceService, base: str, rows: np.ndarray, rates: list[float],
