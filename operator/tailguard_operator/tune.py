@@ -28,9 +28,9 @@ import numpy as np
 from .loadplan import LoadResult, OpenLoop, outcome
 from .rawtable import BATCH_SIZES, RawRow, raw_table
 from .serving import Unusable, measure, start
-from .upproc import UpProcess
 from .spec import InferenceService
 from .tunegrid import Choice, Grid, Policy, PointResult, build_grid, choose
+from .upproc import UpProcess
 
 DEFAULT_BUDGET_S = 600.0
 """Default bound on a whole ``tailguard tune`` run (issue 13)."""
@@ -237,7 +237,9 @@ def point_result(policy: Policy, runs: list[LoadResult], slo_ms: float) -> Point
         if best.errors and p99 is not None and p99 > slo_ms:
             note += f"; {best.errors} of {best.sent} requests not answered 200"
     elif len(runs) > len(held):
-        note = f"{runs[len(held)].offered_rps:g} req/s broke it"
+        stop = runs[len(held)]
+        note = (f"{stop.offered_rps:g} req/s broke it" if outcome(stop, slo_ms) == "broke"
+                else f"{stop.offered_rps:g} req/s was not a valid run: {'; '.join(stop.invalid)}")
     return PointResult(policy, best.achieved_rps, lat.get("p50"), lat.get("p95"), lat.get("p99"),
                        bool(held), note, {"runs": [_run_dict(r) for r in runs]})
 

@@ -89,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     started = time.monotonic()  # the budget counts the models' load and the raw table too
+    try:
+        opts = _options(args)
+    except ValueError as exc:
+        print(f"tailguard tune: {exc}", file=sys.stderr)
+        return 2
     from . import benchview
     from .rawtable import markdown
     from .serving import ServeFailed, Unusable, load_models, read_service, service_rows
@@ -96,11 +101,6 @@ def run(args: argparse.Namespace) -> int:
     from .tuneplot import plot_tune
     from .yamledit import set_batching
 
-    try:
-        opts = _options(args)
-    except ValueError as exc:
-        print(f"tailguard tune: {exc}", file=sys.stderr)
-        return 2
     try:
         isvc, text = read_service(args.file)
         primary = load_models(isvc)["primary"]  # the fallback too: a spec up would refuse fails here
