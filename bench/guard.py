@@ -1,8 +1,9 @@
 """Benchmark of the SLO guard in `tailguard up`: time to roll back, requests failed by the switch,
 and false rollbacks while idle and under pure overload.
 
-Three phases, each against its own real `tailguard up` process on 127.0.0.1, with load from
-bench/openloop.py in a separate process:
+Three phases, each against its own real `tailguard up` process on 127.0.0.1 (started as
+``tailguard bench`` starts one, tailguard_operator.upproc), with open-loop load from `tailguard
+bench` in a separate process (evenly spaced arrivals, one record per request):
 
 1. **rollback** (``--trials`` times): a primary declared 120 ms slow per model call
    (``delayMs``) under a 50 ms SLO, 40 req/s open loop. Measured: from the end of the first
@@ -37,9 +38,9 @@ from typing import Any, Sequence
 
 import httpx
 
+from tailguard_operator.upproc import TAILGUARD, UpProcess, start_up
+
 ROOT = Path(__file__).resolve().parents[1]
-TAILGUARD = [sys.executable, "-m", "tailguard_operator.cli"]
-OPENLOOP = [sys.executable, str(ROOT / "bench" / "openloop.py")]
 
 SLOW = """\
 apiVersion: tailguard.dev/v1alpha1
@@ -69,32 +70,14 @@ def stamp(text: str) -> float:
 
 
 class Server:
-    """A `tailguard up` process on a free port."""
+    """A `tailguard up` process on a free port, and what the benchmark reads from it."""
 
     def __init__(self, spec_text: str, workdir: Path) -> None:
         spec = workdir / f"spec-{time.monotonic_ns()}.yaml"
         spec.write_text(spec_text)
-        self.proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            self.lines.append(line)
-            found = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if found:
-                self.port = int(found.group(1))
-                break
-        else:
-            raise RuntimeError("tailguard up did not start:\n" + "".join(self.lines))
-        threading.Thread(target=self._drain_output, daemon=True).start()
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def _drain_output(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
+        self.up: UpProcess = start_up(spec, timeout_s=120)
+        self.port = self.up.port
+        self.base = self.up.base
 
     def status(self) -> dict[str, Any]:
         return httpx.get(f"{self.base}/tailguard/status", timeout=10).json()["status"]  # type: ignore[no-any-return]
@@ -104,12 +87,7 @@ class Server:
         return sum(float(v) for v in re.findall(r"tailguard_rollbacks_total\{[^}]*\} ([0-9.e+]+)", text))
 
     def stop(self) -> None:
-        self.proc.send_signal(2)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.up.stop()
 
 
 class Poller:
@@ -135,20 +113,21 @@ class Poller:
         return [self.windows[k] for k in sorted(self.windows, key=stamp)]
 
 
-SKIPPED: list[int] = []
-"""Requests the generator did not send (its in-flight cap was reached), per load run."""
+CLIENT_WAIT_P99_MS: list[float | None] = []
+"""Per load run: p99 of how long requests waited in the generator for a free connection (ms)."""
 
 
-def load(server: Server, name: str, dataset: str, rate: float, seconds: float,
+def load(server: Server, name: str, rate: float, seconds: float,
          workdir: Path) -> list[dict[str, Any]]:
-    """Run the open-loop generator; one record per request (skips are kept in SKIPPED)."""
+    """Run `tailguard bench` open loop; one record per request (``sent``, ``done``, ``status``,
+    ``role``)."""
     out = workdir / f"answers-{time.monotonic_ns()}.jsonl"
-    done = subprocess.run([*OPENLOOP, "--url", f"{server.base}/v2/models/{name}/infer", "--dataset",
-                    dataset, "--rate", str(rate), "--duration", str(seconds), "--max-requests",
-                    str(int(rate * seconds) + 1), "--hard-timeout", str(seconds + 60), "--out",
-                    str(out)], check=True, capture_output=True, text=True,
-                          timeout=seconds + 120)
-    SKIPPED.append(int(json.loads(done.stdout)["skipped"]))
+    done = subprocess.run([*TAILGUARD, "bench", f"{server.base}/v2/models/{name}", "--rate",
+                           str(rate), "--arrivals", "uniform", "--duration", str(seconds),
+                           "--warmup", "0", "--max-requests", str(int(rate * seconds) + 1),
+                           "--max-lag-ms", "100000", "--json", "--records", str(out)],
+                          check=True, capture_output=True, text=True, timeout=seconds + 120)
+    CLIENT_WAIT_P99_MS.append(json.loads(done.stdout)["runs"][0]["client_wait_ms"].get("p99"))
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -161,7 +140,7 @@ def rollback_trials(trials: int, window_s: int, breach: int, workdir: Path) -> d
                 subprocess.run([*TAILGUARD, "rollforward", "slow", "--port", str(server.port)],
                                check=True, capture_output=True, timeout=30)
             poller = Poller(server)
-            answers = load(server, "slow", "digits", 40, breach * window_s + 6 * window_s, workdir)
+            answers = load(server, "slow", 40, breach * window_s + 6 * window_s, workdir)
             windows = poller.finish()
             status = server.status()
             first = next(w for w in windows if w["observed"]["role"] == "primary"
@@ -195,7 +174,7 @@ def no_rollback(seconds: float, rate: float, window_s: int, breach: int,
         started = time.monotonic()
         answers: list[dict[str, Any]] = []
         if rate > 0:
-            answers = load(server, "busy", "iris", rate, seconds, workdir)
+            answers = load(server, "busy", rate, seconds, workdir)
         time.sleep(max(seconds - (time.monotonic() - started), 0))
         windows = poller.finish()
         states: dict[str, int] = {}
@@ -206,7 +185,7 @@ def no_rollback(seconds: float, rate: float, window_s: int, breach: int,
             codes[str(a["status"])] = codes.get(str(a["status"]), 0) + 1
         return {"seconds": seconds, "rate": rate, "windowsSeen": len(windows),
                 "windowStates": states, "codes": codes,
-                "notSentByTheGenerator": SKIPPED[-1] if rate > 0 else 0,
+                "generatorClientWaitP99Ms": CLIENT_WAIT_P99_MS[-1] if rate > 0 else None,
                 "rollbacks": server.rollbacks(),
                 "activeModel": server.status()["activeModel"]}
     finally:

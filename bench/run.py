@@ -290,22 +290,16 @@ def wait_for_quiet(pgid: int, max_wait_s: float, threshold_cores: float = 0.1) -
             announced = True
 
 
-def scrape_tailguard(base_url: str) -> dict[str, float]:
-    """Sums of the runtime's batch histograms from ``/metrics``: ``batch_rows_sum``,
-    ``batch_count`` (model calls) and ``batch_seconds_sum`` (time inside the model, s)."""
-    wanted = {"tailguard_batch_size_rows_sum": "batch_rows_sum",
-              "tailguard_batch_size_rows_count": "batch_count",
-              "tailguard_batch_duration_seconds_sum": "batch_seconds_sum"}
-    out = {v: 0.0 for v in wanted.values()}
+def scrape_tailguard(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+    """The runtime's ``/metrics``, parsed and summed over roles
+    (:func:`tailguard_operator.promview.parse_snapshot`); None when unreadable."""
+    from tailguard_operator.promview import parse_snapshot
+
     try:
         _, text = http_json("GET", base_url + "/metrics", None, 5.0)
-    except OSError:
-        return out
-    for line in text.decode(errors="replace").splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            out[wanted[name]] += float(line.rsplit(" ", 1)[1])
-    return out
+        return parse_snapshot(text.decode(errors="replace"))
+    except (OSError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,7 +417,7 @@ def run_loadgen(url: str, fmt: str, clients: int, duration_s: float, warmup_s: f
     argv = pinned([PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--format", fmt,
                    "--clients", str(clients), "--duration", str(duration_s),
                    "--warmup", str(warmup_s), "--max-requests", str(max_requests),
-                   "--timeout", "10", "--hard-timeout", str(hard)], cpu)
+                   "--timeout", "10"], cpu)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
     try:
@@ -481,16 +475,16 @@ def measure_target(target: Target, workdir: Path, clients: Sequence[int], args: 
             wall = time.monotonic() - t0
             point = {"server": target.name, "config": target.config, **report,
                      "foreign_cores": foreign.cores(), "versions": target.versions}
-            if before is not None:
-                after = scrape_tailguard(server.base_url)
-                calls = after["batch_count"] - before["batch_count"]
-                if calls > 0:
-                    point["mean_batch_rows"] = round(
-                        (after["batch_rows_sum"] - before["batch_rows_sum"]) / calls, 2)
-                    point["model_busy"] = round(
-                        (after["batch_seconds_sum"] - before["batch_seconds_sum"]) / wall, 3)
-                    point["model_ms_per_call"] = round(
-                        1e3 * (after["batch_seconds_sum"] - before["batch_seconds_sum"]) / calls, 3)
+            after = scrape_tailguard(server.base_url) if before is not None else None
+            if before is not None and after is not None:
+                from tailguard_operator.promview import server_view
+
+                view = server_view(before, after)  # warm-up included, as before
+                calls, per_call = view["batches"], view["model_ms_per_batch"]["mean"]
+                if calls > 0 and per_call is not None:
+                    point["mean_batch_rows"] = view["batch_rows"]["mean"]
+                    point["model_busy"] = round(calls * per_call / 1e3 / wall, 3)
+                    point["model_ms_per_call"] = per_call
             points.append(point)
             log(f"{label} clients={n}: {report['req_per_s']:,.0f} req/s, p50 {report['p50_ms']:.2f} "
                 f"ms, p99 {report['p99_ms']:.2f} ms, errors {report['errors']}, other load "

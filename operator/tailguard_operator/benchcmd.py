@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy and the generator load only when bench runs
     from .benchtarget import TargetURL
-    from .loadplan import Bounds
+    from .loadplan import Bounds, LoadResult
 
 
 def add_parser(sub: Any) -> None:
@@ -61,12 +61,16 @@ def add_parser(sub: Any) -> None:
     cmd.add_argument("--allow-host", help="allow load on this non-loopback host (named exactly)")
     cmd.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     cmd.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    cmd.add_argument("--records", metavar="FILE",
+                     help="also write one JSON line per request of each measured window: run, "
+                          "scheduled, sent, done (Unix s), status, role (X-Tailguard-Role)")
     cmd.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tailguard bench``; returns the exit code (see the module docstring)."""
     from .benchtarget import BenchRefused, choose_rows, encode_bodies, parse_url, read_metadata
+    from .loadgen import LOOPBACK
     from .loadplan import Bounds, parse_rates
 
     try:
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             target = parse_url(args.target)
         if rates is not None and len(rates) > 1 and slo_ms is None:
             raise BenchRefused("a rate sweep needs the SLO: give --slo-ms for a URL")
-        if target.host not in ("127.0.0.1", "localhost", "::1") and target.host != args.allow_host:
+        if target.host not in LOOPBACK and target.host != args.allow_host:
             raise BenchRefused(f"{target.host} is not loopback; name it with --allow-host "
                                f"{target.host} to load it")
         model = read_metadata(target)
@@ -108,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _read_spec(path: Path) -> tuple[str, float]:
     from .benchtarget import BenchRefused
-    from .local import spec_error_text
     from .spec import SpecError, find_object, parse
 
     try:
@@ -118,7 +121,9 @@ def _read_spec(path: Path) -> tuple[str, float]:
     try:
         isvc = parse(find_object(text, str(path)))
     except SpecError as exc:
-        raise BenchRefused(spec_error_text("", str(path), exc).lstrip(": ").splitlines()[0])
+        more = f" (and {len(exc.errors) - 1} more; tailguard validate lists them)" if len(
+            exc.errors) > 1 else ""
+        raise BenchRefused(f"{path} is not a valid InferenceService: {exc.errors[0]}{more}")
     return isvc.name, float(isvc.slo.p99_latency_ms)
 
 
@@ -157,7 +162,8 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
             try:
                 result = run_sync(run_load(gen_target, schedule, bounds,
                                            on_progress=show.start(label),
-                                           allow_host=args.allow_host))
+                                           allow_host=args.allow_host,
+                                           record=args.records is not None))
             except OSError as exc:
                 raise BenchRefused(f"cannot connect to {target.base}: {exc.strerror or exc}")
             results.append(result)
@@ -169,14 +175,28 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
     report: dict[str, Any] = {
         "target": target.base + target.model_path, "rows": source,
         "rowsPerRequest": args.rows_per_request, "sloMs": slo_ms,
-        "runs": [r.as_dict() | ({"slo": o} if o is not None else {})
-                 for r, o in zip(results, outcomes or [None] * len(results))],
+        "runs": [r.as_dict() | ({"slo": outcomes[k]} if k < len(outcomes) else {})
+                 for k, r in enumerate(results)],
         "sweep": None if sweep is None else {"rateAtSlo": sweep.rate_at_slo,
                                              "stoppedAt": sweep.stopped_at,
                                              "reason": sweep.reason},
         "valid": all(r.valid for r in results)}
+    if args.records:
+        _write_records(Path(args.records), results)
     if args.json:
         print(json.dumps(report))
     else:
         benchview.print_report(report)
     return 0 if report["valid"] else 3
+
+
+def _write_records(path: Path, results: list[LoadResult]) -> None:
+    from .benchtarget import BenchRefused
+
+    try:
+        with path.open("w", encoding="utf-8") as out:
+            for index, result in enumerate(results):
+                for record in result.records or []:
+                    out.write(json.dumps({"run": index, **record}) + "\n")
+    except OSError as exc:
+        raise BenchRefused(f"--records {path}: cannot write: {exc.strerror}") from exc

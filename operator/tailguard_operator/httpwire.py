@@ -2,7 +2,8 @@
 
 Only what a load generator needs from an answer: its status code and where its body ends
 (``Content-Length``, chunked transfer encoding, bodiless statuses), and whether the server asked
-to close the connection. Pure: bytes in, status codes out. Used by :mod:`~.loadgen`.
+to close the connection; and, when asked, the value of one header. Pure: bytes in, status codes
+out. Used by :mod:`~.loadgen`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ class ResponseParser:
 
     :meth:`feed` returns the status codes of the responses completed by the bytes given.
     Handles ``Content-Length``, chunked bodies (trailers skipped) and bodiless statuses; ``close``
-    is set once a response carried ``Connection: close``. Raises ValueError on malformed input.
+    is set once a response carried ``Connection: close``. With ``capture`` (a lower-case header
+    name), ``captured`` holds that header's value in the last response head read (None: absent).
+    Raises ValueError on malformed input.
     """
 
-    __slots__ = ("buf", "status", "remaining", "chunked", "in_body", "close")
+    __slots__ = ("buf", "status", "remaining", "chunked", "in_body", "close", "capture",
+                 "captured")
 
-    def __init__(self) -> None:
+    def __init__(self, capture: bytes | None = None) -> None:
+        self.capture = capture
+        self.captured: str | None = None
         self.buf = bytearray()
         self.status = 0
         self.remaining = 0
@@ -59,6 +65,7 @@ class ResponseParser:
             raise ValueError(f"bad status line {lines[0][:80]!r}")
         self.status = int(lines[0][9:12])
         self.remaining, self.chunked = 0, False
+        self.captured = None
         for line in lines[1:]:
             key, _, value = line.partition(b":")
             key = key.strip().lower()
@@ -68,6 +75,8 @@ class ResponseParser:
                 self.chunked = b"chunked" in value.lower()
             elif key == b"connection":
                 self.close = self.close or b"close" in value.lower()
+            elif key == self.capture:
+                self.captured = value.strip().decode("latin-1")
 
     def _chunks(self) -> bool:
         """Consume whole chunks; True once the last chunk and the trailers are consumed."""

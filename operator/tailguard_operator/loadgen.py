@@ -21,19 +21,20 @@ makes a latency look shorter than it was.
 from __future__ import annotations
 
 import asyncio
+import gc
 import resource
 import socket
 import time
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 import numpy as np
 
+from .httpwire import ResponseParser
 from .loadplan import (Bounds, ClosedLoop, LoadResult, OpenLoop, Schedule, arrival_offsets, judge,
                        percentiles_ms)
-from .httpwire import ResponseParser
 from .promview import ServerSnapshot, scrape
 
 EARLY_S = 0.001
@@ -88,7 +89,7 @@ class _Conn(asyncio.Protocol):
     def __init__(self, run: "_Run") -> None:
         self.run = run
         self.transport: Any = None
-        self.parser = ResponseParser()
+        self.parser = ResponseParser(run.capture)
         self.req = -1          # index of the request in flight, -1 when idle
         self.sched = 0.0       # its scheduled send time: decides whether it is in the window
         self.start = 0.0       # its latency start (perf_counter s)
@@ -126,7 +127,7 @@ class _Conn(asyncio.Protocol):
         now = time.perf_counter()
         i, self.req = self.req, -1
         self.served += 1
-        self.run.answered(self, self.sched, now - self.start, statuses[-1])
+        self.run.answered(self, self.sched, self.start, now, statuses[-1])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -143,7 +144,7 @@ class _Conn(asyncio.Protocol):
 class _Run:
     """State of one run; see :func:`run_load`."""
 
-    def __init__(self, target: Target, schedule: Schedule, bounds: Bounds) -> None:
+    def __init__(self, target: Target, schedule: Schedule, bounds: Bounds, record: bool) -> None:
         self.loop = asyncio.get_running_loop()
         self.target, self.schedule, self.bounds = target, schedule, bounds
         self.requests = target.requests()
@@ -165,21 +166,28 @@ class _Run:
         self.lags = array("d")
         self.waits = array("d")
         self.answers = self.oks = 0
+        self.capture = b"x-tailguard-role" if record else None
+        self.records: list[tuple[float, float, float, int, str | None]] | None = (
+            [] if record else None)
 
     # -- recording
     def record_error(self, sched: float, kind: str) -> None:
         if self.win_start <= sched < self.win_end:
             self.transport_errors[kind] = self.transport_errors.get(kind, 0) + 1
+            if self.records is not None:
+                self.records.append((sched, sched, time.perf_counter(), 0, kind))
 
-    def answered(self, conn: _Conn, sched: float, latency_s: float, status: int) -> None:
+    def answered(self, conn: _Conn, sched: float, start: float, now: float, status: int) -> None:
         self.answers += 1
         if status == 200:
             self.oks += 1
         if self.win_start <= sched < self.win_end:
             if status == 200:
-                self.lat.append(latency_s)
+                self.lat.append(now - start)
             else:
                 self.codes[status] = self.codes.get(status, 0) + 1
+            if self.records is not None:
+                self.records.append((sched, start, now, status, conn.parser.captured))
         if conn.parser.close:
             conn.transport.close()
             return
@@ -298,7 +306,7 @@ def _cpu_s() -> float:
 
 async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
                    on_progress: Callable[[Progress], None] | None = None,
-                   allow_host: str | None = None) -> LoadResult:
+                   allow_host: str | None = None, record: bool = False) -> LoadResult:
     """Drive ``target`` with ``schedule`` inside ``bounds``; return what the window measured.
 
     Open loop sends the arrivals of :func:`~.loadplan.arrival_offsets` over warm-up + window;
@@ -307,7 +315,8 @@ async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
     ``target.metrics_path`` is set, the server's ``/metrics`` are read at the window's start and
     end and their difference is ``result.server`` (see :func:`~.promview.server_view`).
     ``on_progress`` is called every :data:`TICK_S` seconds. The host must be loopback unless it
-    equals ``allow_host``.
+    equals ``allow_host``. With ``record``, ``result.records`` lists every request of the window
+    (see :class:`~.loadplan.LoadResult`).
 
     Raises:
         ValueError: a non-loopback host not named by ``allow_host``, or bad bounds.
@@ -316,7 +325,16 @@ async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
     if target.host not in LOOPBACK and target.host != allow_host:
         raise ValueError(f"refusing to load {target.host}: only loopback unless the host is "
                          "named explicitly")
-    run = _Run(target, schedule, bounds)
+    gc.freeze()  # what exists now is never scanned again: shorter collector pauses mid-run
+    try:
+        return await _drive(target, schedule, bounds, on_progress, record)
+    finally:
+        gc.unfreeze()
+
+
+async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
+                 on_progress: Callable[[Progress], None] | None, record: bool) -> LoadResult:
+    run = _Run(target, schedule, bounds, record)
     loop = run.loop
     probe = _Conn(run)  # fail fast, before any timing, when nothing listens
     transport, _ = await loop.create_connection(lambda: probe, target.host, target.port)
@@ -333,21 +351,21 @@ async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
             run.open_connection()
         run.next_for(run.idle.pop())
     before: ServerSnapshot | None = None
-    cpu0 = _cpu_s()
+    cpu0, measured_from = _cpu_s(), run.win_start
     phase = "warmup"
     while True:
         await asyncio.sleep(TICK_S)
         now = time.perf_counter()
         run.watchdog(now)
         if phase == "warmup" and now >= run.win_start:
-            phase, cpu0 = "measure", _cpu_s()
+            phase, cpu0, measured_from = "measure", _cpu_s(), time.perf_counter()
             if target.metrics_path:
                 before = await scrape(target.host, target.port, target.metrics_path)
         if phase == "measure" and (now >= run.win_end or run.issued >= bounds.max_requests):
             break
         if on_progress:
             on_progress(Progress(phase, now - t0, total_s, run.issued, run.answers, run.oks))
-    cpu = (_cpu_s() - cpu0) / max(time.perf_counter() - run.win_start, 1e-9)
+    cpu = (_cpu_s() - cpu0) / max(time.perf_counter() - measured_from, 1e-9)
     after = (await scrape(target.host, target.port, target.metrics_path)
              if before is not None and target.metrics_path else None)
     window_s = min(time.perf_counter(), run.win_end) - run.win_start
@@ -415,14 +433,22 @@ def _result(run: _Run, schedule: Schedule, window_s: float, cpu: float,
             np.frombuffer(run.waits, dtype=np.float64)).items() if k in ("p50", "p99", "max")},
         connections_opened=run.opened, generator_cpu=cpu,
         server=server_view(before, after) if before is not None and after is not None else None)
+    if run.records is not None:
+        to_unix = time.time() - time.perf_counter()
+        result.records = [
+            {"scheduled": round(sched + to_unix, 6), "sent": round(start + to_unix, 6),
+             "done": round(done + to_unix, 6), "status": status,
+             **({"error": extra} if status == 0 else {"role": extra})}
+            for sched, start, done, status, extra in sorted(run.records)]
     result.invalid = judge(result.schedule_lag_ms, cpu, run.bounds.max_lag_p99_ms)
     return result
 
 
-def run_sync(coro: Awaitable[LoadResult]) -> LoadResult:
+def run_sync(coro: Coroutine[Any, Any, LoadResult]) -> LoadResult:
     """Run :func:`run_load`'s coroutine on uvloop when installed, else asyncio's default loop."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    return uvloop.run(coro)  # type: ignore[no-any-return]
+        return asyncio.run(coro)
+    result: LoadResult = uvloop.run(coro)
+    return result

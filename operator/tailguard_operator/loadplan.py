@@ -93,7 +93,8 @@ def arrival_offsets(schedule: OpenLoop, horizon_s: float, max_requests: int) -> 
         offsets = np.cumsum(gaps) - gaps[0]  # the first request leaves at once
     else:
         offsets = np.arange(n, dtype=np.float64) / rate
-    return offsets[offsets < horizon_s]
+    inside: np.ndarray = offsets[offsets < horizon_s]
+    return inside
 
 
 def parse_rates(text: str) -> list[float]:
@@ -155,7 +156,10 @@ class LoadResult:
     their schedule; ``client_wait`` (ms) how long they then waited in the client for a
     connection; ``generator_cpu`` is the generator's CPU seconds per wall second of the window.
     ``latencies_s`` holds every 200 answer's latency (s, in completion order) for callers that
-    need more than the percentiles; :meth:`as_dict` leaves it out.
+    need more than the percentiles; ``records`` (when asked for) one dict per request of the
+    window in scheduled order: ``scheduled``, ``sent`` (latency start) and ``done`` in Unix
+    seconds, ``status`` (0 for a transport error, then ``error`` names it) and ``role`` (the
+    ``X-Tailguard-Role`` answer header, None when absent). :meth:`as_dict` leaves both out.
     """
 
     mode: str
@@ -176,6 +180,7 @@ class LoadResult:
     server: dict[str, Any] | None = None
     invalid: list[str] = field(default_factory=list)
     latencies_s: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
+    records: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @property
     def achieved_rps(self) -> float:
@@ -195,7 +200,7 @@ class LoadResult:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: every field, plus ``achieved_rps``, ``rows_per_s``, ``valid``."""
         out = dict(self.__dict__)
-        del out["latencies_s"]
+        del out["latencies_s"], out["records"]
         out.update(achieved_rps=round(self.achieved_rps, 1),
                    rows_per_s=round(self.achieved_rps * self.rows_per_request, 1),
                    valid=self.valid, generator_cpu=round(self.generator_cpu, 3))

@@ -1,5 +1,5 @@
 """End to end: the SLO guard inside a real `tailguard up` process, under bounded open-loop load
-from a separate process (bench/openloop.py), on 127.0.0.1 only.
+from a separate process (`tailguard bench`, with one record per request), on 127.0.0.1 only.
 
 Windows are 1 s long so the suite stays fast. The only time bound asserted is the guard's own
 promise (rolled back within breachWindows x windowSeconds + 2 s of the end of the first breached
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import threading
 import time
 from datetime import datetime
@@ -22,8 +21,6 @@ import httpx
 import pytest
 
 from up_harness import ROOT, TAILGUARD, Up, start_up
-
-OPENLOOP = [sys.executable, str(ROOT / "bench" / "openloop.py")]
 
 SLOW_PRIMARY = """\
 apiVersion: tailguard.dev/v1alpha1
@@ -86,12 +83,14 @@ class StatusPoller:
 
 
 def load(up: Up, name: str, tmp_path: Path, *, rate: float, duration_s: float) -> list[dict[str, Any]]:
-    """Run the open-loop generator to completion; return one record per request."""
+    """Run `tailguard bench` open loop to completion (no warm-up: the whole schedule is measured,
+    uniform arrivals); return one record per request. Its schedule lag on this shared machine is
+    not under test here, so the run's validity is not asserted."""
     out = tmp_path / f"answers-{time.monotonic_ns()}.jsonl"
-    done = subprocess.run([*OPENLOOP, "--url", f"{up.base}/v2/models/{name}/infer",
-                           "--dataset", "iris", "--rate", str(rate), "--duration", str(duration_s),
-                           "--max-requests", "4000", "--hard-timeout", str(duration_s + 30),
-                           "--out", str(out)],
+    done = subprocess.run([*TAILGUARD, "bench", f"{up.base}/v2/models/{name}", "--rate", str(rate),
+                           "--arrivals", "uniform", "--duration", str(duration_s), "--warmup", "0",
+                           "--max-requests", "4000", "--max-lag-ms", "100000", "--json",
+                           "--records", str(out)],
                           capture_output=True, text=True, timeout=duration_s + 60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in out.read_text().splitlines()]

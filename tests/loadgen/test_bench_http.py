@@ -10,6 +10,7 @@ tests give ``--max-lag-ms`` room and assert what the run counted.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -19,7 +20,9 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+from rich.console import Console
 
+from tailguard_operator.benchview import print_report
 from tailguard_operator.loadgen import Target, run_load, run_sync
 from tailguard_operator.loadplan import Bounds, ClosedLoop, LoadResult, OpenLoop
 from tailguard_operator.upproc import UpProcess, start_up
@@ -36,6 +39,16 @@ metadata: {name: digits}
 spec:
   model: {uri: "builtin://digits/random-forest?trees=10"}
   fallback: {uri: builtin://digits/logistic-regression}
+  slo: {p99LatencyMs: 500}
+"""
+
+IRIS = """\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {name: iris}
+spec:
+  model: {uri: "builtin://iris/random-forest?trees=10"}
+  fallback: {uri: builtin://iris/logistic-regression}
   slo: {p99LatencyMs: 500}
 """
 
@@ -123,13 +136,15 @@ def test_counts_add_up_and_digits_gets_no_422_in_either_mode(digits_up: UpProces
 
 
 def test_an_inference_service_yaml_is_served_measured_and_stopped(tmp_path: Path) -> None:
-    spec = tmp_path / "digits.yaml"
-    spec.write_text(DIGITS)
+    spec = tmp_path / "iris.yaml"
+    spec.write_text(IRIS)
     code, report, err = bench(str(spec), "--rate", "50", "--duration", "1", "--warmup", "0",
                               *ROOM)
     assert code == 0, err
     assert report is not None and report["sloMs"] == 500  # the spec's SLO
-    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v2/models/digits", report["target"])
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v2/models/iris", report["target"])
+    assert report["rows"] == ("scikit-learn's iris dataset "
+                              "(builtin://iris/random-forest?trees=10)")
     run, = report["runs"]
     assert run["ok"] == run["sent"] > 0 and run["slo"] == "held"
     # the `tailguard up` it started is gone: nothing answers on its port any more
@@ -193,20 +208,19 @@ def test_a_rate_sweep_stops_at_the_first_rate_that_breaks_the_slo(null_server: N
 
 
 def test_a_run_the_generator_cannot_offer_is_marked_invalid(null_server: NullServer) -> None:
-    code, report, err = bench(null_server.url, "--rate", "200000", "--duration", "1",
-                              "--warmup", "0", "--max-requests", "250000")
+    # far more than one Python process can send: it falls behind its schedule at once
+    code, report, err = bench(null_server.url, "--rate", "150000", "--duration", "0.5",
+                              "--warmup", "0", "--max-requests", "100000", "--timeout", "3")
     assert code == 3, err
     assert report is not None and report["valid"] is False
     run, = report["runs"]
     assert run["valid"] is False and run["invalid"]
     assert any("schedule lag" in why or "generator CPU" in why for why in run["invalid"])
     assert accounted(run) == run["sent"]
-    # and the table says so in words, not only in the JSON
-    done = subprocess.run([*TAILGUARD, "bench", null_server.url, "--rate", "200000",
-                           "--duration", "1", "--warmup", "0", "--max-requests", "250000"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 3
-    assert "INVALID" in done.stdout and "not the server's latency" in done.stdout
+    # and the tables say so in words, not only in the JSON
+    out = io.StringIO()
+    print_report(report, Console(file=out, width=200))
+    assert "INVALID" in out.getvalue() and "not the server's latency" in out.getvalue()
 
 
 @pytest.mark.parametrize("null_server", [("--uri", "file:///models/m.joblib", "--features", "5")],
