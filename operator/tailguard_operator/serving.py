@@ -42,7 +42,6 @@ def read_service(path: str | Path) -> tuple[InferenceService, str]:
     Raises:
         Unusable: the file cannot be read (``usage``), or the CRD refuses the spec.
     """
-    from .local import spec_error_text
     from .spec import SpecError, find_object, parse
 
     try:
@@ -52,7 +51,9 @@ def read_service(path: str | Path) -> tuple[InferenceService, str]:
     try:
         return parse(find_object(text, str(path))), text
     except SpecError as exc:
-        raise Unusable(spec_error_text("", str(path), exc).lstrip(": ").replace("\n", " ")
+        more = (f" (and {len(exc.errors) - 1} more; tailguard validate lists them)"
+                if len(exc.errors) > 1 else "")
+        raise Unusable(f"{path} is not a valid InferenceService: {exc.errors[0]}{more}"
                        ) from None
 
 
