@@ -139,10 +139,13 @@ def build_grid(table: Sequence[RawRow], slo_ms: float, max_queue_size: int, *,
         top = min(headroom_ms, slo_ms - 1)
         waits += [max(1, round(top * i / (n_waits - 1))) for i in range(1, n_waits)]
     waits = sorted(set(waits))
-    reason = (f"batch sizes {', '.join(str(r.batch) for r in chosen)} ({why}); waits "
-              f"{', '.join(map(str, waits))} ms (0, then up to half the "
-              f"{max(slo_ms - CALLS_PER_SLO * largest.p90_ms, 0):.0f} ms the SLO leaves after "
-              f"two calls of batch {largest.batch})")
+    left = (f"{max(slo_ms - CALLS_PER_SLO * largest.p90_ms, 0):.0f} ms the SLO leaves after "
+            f"two calls of batch {largest.batch}")
+    waited = (f"waits {', '.join(map(str, waits))} ms (0, then up to half the {left})"
+              if len(waits) > 1 else
+              "wait 0 ms only (" + ("one wait asked for" if n_waits == 1 else
+                                    f"under 2 ms of headroom: half the {left}") + ")")
+    reason = f"batch sizes {', '.join(str(r.batch) for r in chosen)} ({why}); {waited}"
     return Grid(tuple(r.batch for r in chosen), tuple(waits), reason)
 
 

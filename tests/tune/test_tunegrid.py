@@ -83,3 +83,10 @@ def test_no_point_inside_the_slo_names_the_closest_plainly() -> None:
                              "maxBatchSize=32 maxWaitMs=5: 150 req/s at p99 60.0 ms "
                              "(p99 over the SLO)")
     assert not choose([], 50).ok and choose([], 50).closest is None
+
+
+def test_the_reason_says_why_there_is_a_single_wait() -> None:
+    asked = build_grid(FOREST, slo_ms=100, max_queue_size=1024, n_waits=1)
+    assert asked.waits == (0,) and asked.reason.endswith("wait 0 ms only (one wait asked for)")
+    tight = build_grid(FOREST, slo_ms=62, max_queue_size=1024, n_waits=2)
+    assert tight.waits == (0,) and "wait 0 ms only (under 2 ms of headroom" in tight.reason
