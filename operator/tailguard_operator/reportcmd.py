@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from .reportmd import render
     from .serving import ServeFailed, Unusable, load_models, read_service, served, service_rows
     from .tune import TuneOptions
-    from .tuneplot import plot_raw
+    from .tuneplot import plot_raw, plot_sweep
 
     if args.duration <= 0 or args.warmup < 0 or args.budget <= 0 or args.table_seconds <= 0:
         print("tailguard report: --duration, --budget and --table-seconds must be > 0, "
@@ -73,11 +73,14 @@ def run(args: argparse.Namespace) -> int:
     except (ServeFailed, httpx.HTTPError, OSError) as exc:
         print(f"tailguard report: {exc}", file=sys.stderr)
         return 1
+    plot_sweep(out / "load.png", doc["latency"]["load"]["detail"]["runs"],
+               float(isvc.slo.p99_latency_ms))
     plot_raw(out / "raw-table.png", doc["latency"]["rawTables"])
-    doc["plots"] = ["raw-table.png"]
+    doc["plots"] = ["load.png", "raw-table.png"]
     (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     (out / "report.md").write_text(render(doc))
-    print(f"tailguard report: wrote {out / 'report.md'} (and report.json, raw-table.png); "
+    print(f"tailguard report: wrote {out / 'report.md'} (and report.json, load.png, "
+          "raw-table.png); "
           f"{sum(c['passed'] for c in doc['failureChecks'])} of {len(doc['failureChecks'])} "
           "failure checks behaved as expected")
     return 0

@@ -114,10 +114,11 @@ def _latency(lat: dict[str, Any], plots: list[str]) -> list[str]:
                     _ms(r["latency_ms"].get("p50")), _ms(r["latency_ms"].get("p99")),
                     _ms(r["latency_ms"].get("max")), r["sent"] - r["ok"],
                     "yes" if r["valid"] else "no: " + "; ".join(r["invalid"])) for r in runs])
+    out += [f"![{p}]({p})\n" for p in plots if p == "load.png"]
     out += ["### Raw model, in process (one thread, no server)", ""]
     for role, rows in lat["rawTables"].items():
         out += [f"{role}:", "", markdown([RawRow(**r) for r in rows]), ""]
-    out += [f"![{p}]({p})" for p in plots] + ([""] if plots else [])
+    out += [f"![{p}]({p})\n" for p in plots if p != "load.png"]
     return out
 
 

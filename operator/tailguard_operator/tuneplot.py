@@ -101,3 +101,35 @@ def plot_raw(path: Path, tables: dict[str, list[dict[str, Any]]]) -> Path:
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path
+
+
+def plot_sweep(path: Path, runs: Sequence[dict[str, Any]], slo_ms: float) -> Path:
+    """Write ``tailguard report``'s load plot: p99 and achieved throughput against the offered
+    rate, with the SLO line. ``runs`` are :meth:`~.loadplan.LoadResult.as_dict` rows in the
+    order they ran (open loop: ``offered_rps`` set). Returns ``path``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    p99_ax, rps_ax = fig.subplots(1, 2)
+    offered = [r["offered_rps"] for r in runs]
+    answered = [(r["offered_rps"], r["latency_ms"].get("p99")) for r in runs
+                if r["latency_ms"].get("p99") is not None]
+    p99_ax.plot([a for a, _ in answered], [p for _, p in answered], marker="o", label="p99")
+    p99_ax.axhline(slo_ms, color="red", linestyle="--", label=f"SLO p99 {slo_ms:g} ms")
+    rps_ax.plot(offered, [r["achieved_rps"] for r in runs], marker="o", label="answered 200")
+    rps_ax.plot(offered, offered, color="grey", linestyle=":", label="offered")
+    for ax, ylabel in ((p99_ax, "p99 latency (ms)"), (rps_ax, "throughput (req/s)")):
+        ax.set_xscale("log", base=2)
+        if offered:
+            ax.set_xticks(offered, [f"{r:g}" for r in offered])
+        ax.set_xlabel("offered rate (req/s, open loop)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    p99_ax.set_title("p99 against the offered rate")
+    rps_ax.set_title("throughput against the offered rate")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path

@@ -101,9 +101,10 @@ def test_every_section_comes_from_measurements(runs: list[Path]) -> None:
     assert d["rollback"]["fallback"]["servedMedianMs"] > 0
     assert d["rollback"]["automatic"]["breachWindows"] == 3
     assert "tailguard rollback iris-report" in text
-    with Image.open(runs[0] / "raw-table.png") as image:
-        assert image.format == "PNG"
-    assert "![raw-table.png](raw-table.png)" in text
+    for plot in ("load.png", "raw-table.png"):
+        with Image.open(runs[0] / plot) as image:
+            assert image.format == "PNG"
+        assert f"![{plot}]({plot})" in text
 
 
 def test_the_example_request_works_against_the_service(runs: list[Path], spec: Path) -> None:

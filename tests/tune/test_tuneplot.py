@@ -35,3 +35,22 @@ def test_points_without_answers_are_left_out_of_the_p99_panel(tmp_path: Path) ->
     points = [*POINTS, PointResult(Policy(128, 0), 0.0, None, None, None, False, "no answers")]
     path = plot_tune(tmp_path / "p.png", points, [], 50, None)
     assert path.stat().st_size > 10_000
+
+
+def test_the_raw_table_and_sweep_plots_are_pngs(tmp_path: Path) -> None:
+    from tailguard_operator.tuneplot import plot_raw, plot_sweep
+
+    raw = plot_raw(tmp_path / "raw.png", {"primary": [r.as_dict() for r in TABLE],
+                                          "fallback": [r.as_dict() for r in TABLE]})
+    runs = [{"offered_rps": rate, "achieved_rps": rate * 0.98, "latency_ms": {"p99": p99}}
+            for rate, p99 in ((25, 10.0), (50, 20.0), (100, None))]
+    sweep = plot_sweep(tmp_path / "sweep.png", runs, 50)
+    for path in (raw, sweep):
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size == (1000, 400)
+    assert (255, 0, 0) in colours_of(sweep)  # the SLO line
+
+
+def colours_of(path: Path) -> set[tuple[int, ...]]:
+    with Image.open(path) as image:
+        return {c for _, c in image.convert("RGB").getcolors(maxcolors=1 << 20) or []}
