@@ -24,7 +24,16 @@ KEPT_HEADERS = ("content-type", "retry-after", "x-tailguard-role", "x-tailguard-
                 "x-tailguard-model-version")
 """Reply headers an exchange keeps (the contract's; dates and lengths change every run)."""
 MAX_BURST = 64
-"""Most concurrent requests the overload check sends (it doubles from 8 until one is shed)."""
+"""Most concurrent requests the overload check sends (it doubles until one is shed)."""
+BODY_BYTES = 8 * 1024 * 1024
+"""Largest body a probe builds (half the runtime's 16 MiB limit, ``max_body_bytes``); JSON
+numbers are counted at :data:`BYTES_PER_VALUE` each."""
+BYTES_PER_VALUE = 24
+
+
+def rows_within_body(n_rows: int, n_features: int) -> int:
+    """``n_rows``, or fewer so that one request's body stays under :data:`BODY_BYTES`."""
+    return max(1, min(n_rows, BODY_BYTES // (BYTES_PER_VALUE * max(n_features, 1))))
 
 
 @dataclass(frozen=True)
@@ -102,12 +111,15 @@ def error_shapes(client: httpx.Client, name: str, rows: np.ndarray,
     more than ``maxQueueSize`` (413), each sent once; every reply must be ``{"error": ...}``."""
     one = rows_of(rows, 1)
     wide = np.hstack([one, np.zeros((1, 1))])
+    if rows_within_body(max_queue_size + 1, rows.shape[1]) > max_queue_size:
+        too_large = v2_body(rows_of(rows, max_queue_size + 1))
+    else:  # that many rows could not even be sent: a body over the runtime's 16 MiB limit
+        too_large = v2_body(one) + " " * (2 * BODY_BYTES)
     probes = [
         ("malformed request", 400, send(client, "POST", infer_path(name), '{"inputs": [')),
         ("wrong feature count", 422, send(client, "POST", infer_path(name), v2_body(wide))),
         ("unknown model", 404, send(client, "POST", infer_path(name + "-unknown"), v2_body(one))),
-        ("too many rows", 413, send(client, "POST", infer_path(name),
-                                    v2_body(rows_of(rows, max_queue_size + 1)))),
+        ("too many rows", 413, send(client, "POST", infer_path(name), too_large)),
     ]
     return [_error_check(title, code, ex) for title, code, ex in probes]
 
@@ -135,10 +147,13 @@ def deadline(client: httpx.Client, name: str, rows: np.ndarray, batch: int) -> C
 
 def overload(base: str, name: str, rows: np.ndarray, max_queue_size: int,
              timeout_s: float = 30.0) -> Check:
-    """Bursts of concurrent requests of ``maxQueueSize`` rows each (8, 16, ... up to
-    :data:`MAX_BURST`) until one is shed: expected 429 with an integer ``Retry-After`` >= 1."""
-    body = v2_body(rows_of(rows, max_queue_size))
-    burst, codes, shed = 8, {}, None
+    """Bursts of concurrent requests of ``maxQueueSize`` rows each (fewer when the body would
+    pass :data:`BODY_BYTES`), enough of them to fill the queue twice over and at least 8,
+    doubling up to :data:`MAX_BURST` until one is shed: expected 429 with an integer
+    ``Retry-After`` >= 1."""
+    per = rows_within_body(max_queue_size, rows.shape[1])
+    body = v2_body(rows_of(rows, per))
+    burst, codes, shed = min(MAX_BURST, max(8, 2 * -(-max_queue_size // per) + 2)), {}, None
     while burst <= MAX_BURST:
         exchanges = asyncio.run(_burst(base, infer_path(name), body, burst, timeout_s))
         codes = _count(ex.status for ex in exchanges)
@@ -154,7 +169,7 @@ def overload(base: str, name: str, rows: np.ndarray, max_queue_size: int,
     passed = retry.isdigit() and int(retry) >= 1
     error = (shed.reply_json() or {}).get("error", shed.reply[:200])
     return Check("overload shedding", "429 with an integer Retry-After >= 1", passed,
-                 f"{burst} concurrent requests of {max_queue_size} rows: {seen}; a 429 carried "
+                 f"{burst} concurrent requests of {per} rows: {seen}; a 429 carried "
                  f"Retry-After: {retry or '(none)'} and said: {error}", (shed,))
 
 
