@@ -8,7 +8,8 @@ configured policy under load), the failure checks (each run, with what happened)
 rollback plan (the fallback's own measured latency, how to switch by hand, the SLO guard's rule
 in force). Writes ``report.md``, ``report.json`` and the plots into ``--out DIR``.
 
-:func:`gather` measures (I/O), :mod:`.reportmd` renders (pure), :mod:`.reportcmd` is the CLI shell.
+:func:`gather` measures (I/O), :mod:`.reportmd` renders (pure), :mod:`.reportcmd` is the CLI
+shell.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         isvc, text = read_service(args.file)
-        primary = load_models(isvc)["primary"]  # the fallback too: a spec up would refuse fails here
+        primary = load_models(isvc)["primary"]  # both load: a pair up would refuse fails here
         rows, _ = service_rows(isvc, args.rows, primary.n_features)
         with benchview.progress(quiet=args.json) as bars:
             result = tune(isvc, text, rows, primary.run, opts, bars.start, started=started)
