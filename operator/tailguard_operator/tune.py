@@ -104,7 +104,7 @@ def tune(isvc: InferenceService, text: str, rows: np.ndarray, run_model: Callabl
         grid = Grid(opts.batch_sizes or grid.batches, opts.waits_ms or grid.waits,
                     "as given on the command line")
     result = TuneResult(table, grid)
-    specs = [(p, _point_text(text, p)) for p in grid.policies]  # refuse bad points up front
+    specs = [(p, point_spec(text, p)) for p in grid.policies]  # refuse bad points up front
     run_s = opts.warmup_s + opts.point_s + 1.0
     start_cost = START_S
     live: list[UpProcess] = []
@@ -175,7 +175,14 @@ def _start_all(specs: list[Path]) -> list[UpProcess]:
     return ready
 
 
-def _point_text(text: str, policy: Policy) -> str:
+def point_spec(text: str, policy: Policy) -> str:
+    """The spec file's ``text`` with only ``spec.batching`` set to ``policy``, checked as the
+    API server would check it.
+
+    Raises:
+        Unusable: the CRD refuses that policy for this spec (e.g. ``maxWaitMs`` not below the
+            SLO, ``maxBatchSize`` over ``maxQueueSize``), naming the field.
+    """
     from .spec import SpecError, find_object, parse
     from .yamledit import set_batching
 

@@ -100,33 +100,9 @@ def test_an_impossible_slo_is_said_plainly_and_exits_non_zero(tmp_path: Path) ->
     assert spec.read_text() == text
 
 
-def test_bad_arguments_and_unusable_specs_fail_in_one_line(tmp_path: Path) -> None:
-    spec = tmp_path / "iris.yaml"
-    spec.write_text(SPEC)
-    for args, code, says in (
-            (("--grid", "0x2"), 2, "--grid: both sizes must be >= 1"),
-            (("--batch-sizes", "8,x"), 2, "--batch-sizes: expected comma-separated integers"),
-            (("--rate", "0"), 2, "--rate must be > 0")):
-        done = run_cli("tune", str(spec), *args)
-        assert done.returncode == code
-        assert says in one_line_failure(done)
+def test_bad_arguments_fail_in_one_line(tmp_path: Path) -> None:
+    done = run_cli("tune", str(tmp_path / "missing.yaml"), "--grid", "0x2")
+    assert done.returncode == 2
+    assert "--grid: both sizes must be >= 1" in one_line_failure(done)
     missing = run_cli("tune", str(tmp_path / "missing.yaml"))
     assert missing.returncode == 2 and "cannot read" in one_line_failure(missing)
-    # a wait the CRD refuses (maxWaitMs must stay below the 200 ms SLO) is refused up front
-    refused = run_cli("tune", str(spec), "--batch-sizes", "8", "--waits-ms", "250",
-                      "--table-seconds", "0.05")
-    assert refused.returncode == 1
-    assert "maxBatchSize=8 maxWaitMs=250 is refused for this spec" in one_line_failure(refused)
-    # a file:// model has no dataset to take rows from: bench's rule, never invented rows
-    import joblib
-    from sklearn.linear_model import LogisticRegression
-
-    from tailguard_runtime.models import load_dataset
-
-    model = tmp_path / "iris.joblib"
-    joblib.dump(LogisticRegression(max_iter=500).fit(*load_dataset("iris")), model)
-    filed = tmp_path / "file.yaml"
-    filed.write_text(SPEC.replace("builtin://iris/random-forest?trees=20", f"file://{model}"))
-    done = run_cli("tune", str(filed))
-    assert done.returncode == 1
-    assert "no rows to send; give --rows FILE" in one_line_failure(done)
