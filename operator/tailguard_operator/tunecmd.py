@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     choice = result.choice
     assert choice is not None
     plot = Path(args.plot or f"{isvc.name}-tune.png")
+    plot.parent.mkdir(parents=True, exist_ok=True)
     plot_tune(plot, result.points, result.table, float(isvc.slo.p99_latency_ms),
               choice.chosen.policy if choice.chosen else None,
               title=f"tailguard tune {isvc.name}: SLO p99 {isvc.slo.p99_latency_ms} ms")
