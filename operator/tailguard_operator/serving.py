@@ -37,7 +37,7 @@ class ServeFailed(Exception):
 
 
 def read_service(path: str | Path) -> tuple[InferenceService, str]:
-    """The validated InferenceService in ``path`` and the file's text.
+    """The validated InferenceService in ``path`` and the file's text, line ends as written.
 
     Raises:
         Unusable: the file cannot be read (``usage``), or the CRD refuses the spec.
@@ -45,7 +45,8 @@ def read_service(path: str | Path) -> tuple[InferenceService, str]:
     from .spec import SpecError, find_object, parse
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8", newline="") as fh:  # keep \r\n: --write keeps bytes
+            text = fh.read()
     except OSError as exc:
         raise Unusable(f"cannot read {path}: {exc.strerror}", usage=True) from None
     try:

@@ -123,9 +123,10 @@ def run(args: argparse.Namespace) -> int:
     written = False
     if args.write and choice.chosen is not None:
         policy = choice.chosen.policy
-        Path(args.file).write_text(set_batching(text, {"maxBatchSize": policy.max_batch_size,
-                                                       "maxWaitMs": policy.max_wait_ms},
-                                                args.file))
+        changed = set_batching(text, {"maxBatchSize": policy.max_batch_size,
+                                      "maxWaitMs": policy.max_wait_ms}, args.file)
+        with open(args.file, "w", encoding="utf-8", newline="") as fh:  # line ends as read
+            fh.write(changed)
         written = True
     if args.json:
         print(json.dumps(as_json(result, str(plot), written)))

@@ -106,3 +106,11 @@ def test_files_without_one_inference_service_are_refused() -> None:
         set_batching("a: [\n", {"maxBatchSize": 1})
     with pytest.raises(SpecError, match="spec.batching: expected a mapping"):
         set_batching("kind: InferenceService\nspec:\n  batching: 3\n", {"maxBatchSize": 1})
+
+
+def test_windows_line_ends_stay_as_they_are() -> None:
+    text = HAND_WRITTEN.replace("\n", "\r\n")
+    after = set_batching(text, {"maxBatchSize": 32, "maxWaitMs": 2})
+    assert after.count("\r\n") == text.count("\r\n") and "\n" not in after.replace("\r\n", "")
+    assert after == set_batching(HAND_WRITTEN, {"maxBatchSize": 32, "maxWaitMs": 2}).replace(
+        "\n", "\r\n")
