@@ -5,13 +5,14 @@
 #               Kubernetes control plane the tests run on (Go needed; cached outside the clone,
 #               ~11 min the first time), run the suite
 #   make test-kube KUBE_VERSION=v1.34.4   the cluster tests against another pinned release
+#   make crds   copy crds/*.yaml (the one source) into the operator package and the chart
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXAMPLE ?= examples/digits.yaml
 PORT ?= 8080
 HELM_DIR ?= .ci/bin
 
-.PHONY: up test test-kube install install-test bench clean
+.PHONY: up test test-kube install install-test bench clean crds
 
 # The stamps make `make up` and `make test` install only when pyproject.toml or
 # constraints.txt changed since the last install (or the venv is new).
@@ -52,6 +53,10 @@ test-kube: install-test
 	@bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" \
 	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest $(CLUSTER_TESTS)
+
+# The copies are real files (no symlinks); tests/test_crd_copies.py fails while they differ.
+crds:
+	python3 hack/copy_crds.py
 
 bench: install
 	$(PY) bench/run.py

@@ -29,6 +29,16 @@ from kubecluster.install import Installation, install  # noqa: E402
 KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", DEFAULT_TAG)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``TAILGUARD_STATE_DIR`` for the whole session (inherited by every process a test
+    starts), so the control files of ``tailguard up`` never land in the user's own state dir."""
+    folder = tmp_path_factory.mktemp("tailguard-state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TAILGUARD_STATE_DIR", str(folder))
+        yield folder
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running control plane (etcd, API server, controller manager, scheduler, kwok)."""

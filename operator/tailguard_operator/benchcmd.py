@@ -80,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
         if args.concurrency is not None and args.concurrency < 1:
             raise ValueError("--concurrency must be >= 1")
     except ValueError as exc:
-        print(f"tailguard bench: {exc}", file=sys.stderr)
+        flags = {"duration_s": "--duration", "warmup_s": "--warmup",
+                 "max_requests": "--max-requests", "timeout_s": "--timeout",
+                 "max_connections": "--connections", "max_lag_p99_ms": "--max-lag-ms"}
+        field, _, rest = str(exc).partition(" ")
+        print(f"tailguard bench: {flags.get(field, field)} {rest}", file=sys.stderr)
         return 2
     spec_path = Path(args.target)
     up = None

@@ -118,8 +118,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _target_arguments(cmd: argparse.ArgumentParser, local: str) -> None:
     cmd.add_argument("name", help="the InferenceService name (metadata.name)")
-    cmd.add_argument("--port", type=int, default=DEFAULT_PORT,
-                     help=f"port of the local {local} (default 8080)")
+    cmd.add_argument("--port", type=int, default=None,
+                     help=f"port of the local {local} (default 8080, or the only port a "
+                          f"{local} of NAME runs on)")
     cmd.add_argument("--cluster", action="store_true",
                      help="talk to the cluster of the current kubeconfig context instead of "
                           "the local service")
@@ -180,8 +181,25 @@ def _switch(args: argparse.Namespace) -> int:
         print(f"{args.name}: spec.traffic set to {args.role}; the operator switches once the "
               f"{args.role} model is Ready")
         return 0
+    from .localstate import find_control_file, state_dir
+
+    control = find_control_file(args.name, args.port)
+    args.port = control.port if control is not None else (args.port or DEFAULT_PORT)
+    if control is None:
+        # say why: nothing listens, another service listens, or no control file of ours
+        stats = _local(args, "GET", "/tailguard/stats", None)
+        if stats is None:
+            return 1
+        if stats.get("name") != args.name:
+            print(f"tailguard {args.command}: no InferenceService {args.name!r} on 127.0.0.1:"
+                  f"{args.port} (it serves {stats.get('name')!r})", file=sys.stderr)
+        else:
+            print(f"tailguard {args.command}: no control file for {args.name!r} on port "
+                  f"{args.port} in {state_dir()} (run this as the user who started tailguard "
+                  "up, with the same TAILGUARD_STATE_DIR)", file=sys.stderr)
+        return 1
     reply = _local(args, "POST", "/tailguard/traffic",
-                   {"name": args.name, "activeModel": args.role, "by": "cli"})
+                   {"name": args.name, "activeModel": args.role, "by": "cli"}, control.secret)
     if reply is None:
         return 1
     verb = "now" if reply["changed"] else "already"
@@ -211,6 +229,11 @@ def _status(args: argparse.Namespace) -> int:
             return 1
         print("\n".join(cluster_lines(obj)))
         return 0
+    from .localstate import find_control_file
+
+    if args.port is None:
+        control = find_control_file(args.name, None)
+        args.port = DEFAULT_PORT if control is None else control.port
     stats = _local(args, "GET", "/tailguard/stats", None)
     if stats is None:
         return 1
@@ -222,14 +245,16 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _local(args: argparse.Namespace, method: str, path: str,
-           body: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Call the local ``tailguard up``; ``None`` (after printing one line) on any failure."""
+def _local(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None,
+           secret: str | None = None) -> dict[str, Any] | None:
+    """Call the local ``tailguard up`` (``secret``: its control secret, sent as
+    ``Authorization: Bearer``); ``None`` (after printing one line) on any failure."""
     import httpx
 
+    headers = {} if secret is None else {"Authorization": f"Bearer {secret}"}
     try:
         reply = httpx.request(method, f"http://127.0.0.1:{args.port}{path}", json=body,
-                              timeout=10)
+                              headers=headers, timeout=10)
     except httpx.HTTPError as exc:
         print(f"tailguard {args.command}: no local tailguard up answers on 127.0.0.1:{args.port} "
               f"({type(exc).__name__}); use --port, or --cluster for a cluster", file=sys.stderr)

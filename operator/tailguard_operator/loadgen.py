@@ -125,7 +125,7 @@ class _Conn(asyncio.Protocol):
         if not statuses or self.req < 0:
             return
         now = time.perf_counter()
-        i, self.req = self.req, -1
+        self.req = -1
         self.served += 1
         self.run.answered(self, self.sched, self.start, now, statuses[-1])
 

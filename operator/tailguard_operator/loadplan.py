@@ -70,10 +70,15 @@ class Bounds:
     max_lag_p99_ms: float = MAX_LAG_P99_MS
 
     def __post_init__(self) -> None:
-        if not (self.duration_s > 0 and self.warmup_s >= 0 and self.max_requests >= 1
-                and self.timeout_s > 0 and self.max_connections >= 1):
-            raise ValueError("duration must be > 0, warmup >= 0, max requests, timeout and "
-                             "connections >= 1")
+        rules = (("duration_s", self.duration_s > 0, "> 0"),
+                 ("warmup_s", self.warmup_s >= 0, ">= 0"),
+                 ("max_requests", self.max_requests >= 1, ">= 1"),
+                 ("timeout_s", self.timeout_s > 0, "> 0"),
+                 ("max_connections", self.max_connections >= 1, ">= 1"),
+                 ("max_lag_p99_ms", self.max_lag_p99_ms > 0, "> 0"))
+        for name, ok, need in rules:
+            if not ok:
+                raise ValueError(f"{name} must be {need}, got {getattr(self, name)}")
 
 
 def arrival_offsets(schedule: OpenLoop, horizon_s: float, max_requests: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Reads the same YAML that ``kubectl apply`` takes, validates it with the CRD's own rules, loads
 the primary and the fallback into one runtime process, and serves them at the cluster's paths.
-A loopback-only control route lets ``tailguard rollback NAME`` switch traffic, and the SLO guard
+A loopback-only control route (guarded by a per-run secret in a file only this user can read,
+:mod:`.localstate`) lets ``tailguard rollback NAME`` switch traffic, and the SLO guard
 (:mod:`.guard`) judges every window and rolls back a primary that breaks the SLO. Shows a live
 status line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains and exits.
 """
@@ -17,10 +18,12 @@ from typing import Any, TextIO
 
 from tailguard_runtime.errors import ModelLoadError
 from tailguard_runtime.models import Predictor
-from tailguard_runtime.server import DrainingServer, bind_socket, limit_threads, run, serve
+from tailguard_runtime.server import (DrainingServer, base_url, bind_socket, limit_threads, run,
+                                      serve)
 from tailguard_runtime.service import Runtime, load_runtime
 
 from .guard import LocalGuard
+from .localstate import new_secret, remove_control_file, write_control_file
 from .spec import InferenceService, SpecError, find_object, parse
 
 CLUSTER_ONLY = {
@@ -113,13 +116,20 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
               file=sys.stderr)
         return 2
     limit_threads()
-    runtime = _load(isvc, out)
+    secret = new_secret()
+    runtime = _load(isvc, out, secret)
     if runtime is None:
         sock.close()
         return 2
     bound = sock.getsockname()[1]
-    base = f"http://{host}:{bound}"
-    print(_banner(isvc, base, command), file=out, flush=True)
+    try:
+        control = write_control_file(isvc.name, bound, secret)
+    except OSError as exc:
+        print(f"tailguard up: cannot write the control file for tailguard rollback: {exc}",
+              file=sys.stderr)
+        sock.close()
+        return 2
+    print(_banner(isvc, base_url(host, bound), command), file=out, flush=True)
     live = out.isatty()
     guard = LocalGuard(runtime, isvc, out)
     runtime.status_source = guard.status
@@ -130,7 +140,10 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
             report_status(runtime, out, 1.0 if live else float(isvc.slo.window_seconds), live,
                           guard))
 
-    run(serve(runtime, sock, on_started=started))
+    try:
+        run(serve(runtime, sock, on_started=started))
+    finally:
+        remove_control_file(control)
     if live:
         out.write("\n")
     report = runtime.drain_report
@@ -146,8 +159,8 @@ def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
                       f"({len(exc.errors)} problems):", *(f"  {line}" for line in exc.errors)])
 
 
-def _load(isvc: InferenceService, out: TextIO) -> Runtime | None:
-    settings = isvc.runtime_settings(control_routes=True)
+def _load(isvc: InferenceService, out: TextIO, secret: str) -> Runtime | None:
+    settings = isvc.runtime_settings(control_secret=secret)
 
     def loading(role: str, uri: str) -> None:
         print(f"loading {role} {uri} ...", file=out, flush=True)

@@ -1,7 +1,7 @@
 """The InferenceService spec: defaults, validation and typed views, all from the CRD.
 
-The CRD file (``crd/inferenceservice.yaml``, also at ``crds/`` in the repository) is the one
-definition. :func:`parse` does what the API server does on ``kubectl apply``: apply the
+The CRD file (``crd/inferenceservice.yaml``, copied by ``make crds`` from the repository's
+``crds/``, the one source) is the one definition. :func:`parse` does what the API server does on ``kubectl apply``: apply the
 schema's defaults, check the OpenAPI schema (types, bounds, patterns, unknown fields), then
 evaluate the CEL rules (``x-kubernetes-validations``) with cel-python. ``tailguard up`` and the
 operator both call it, so a spec is accepted locally exactly when the cluster would accept it.
@@ -89,15 +89,16 @@ class InferenceService:
     traffic: str
     spec: dict[str, Any]
 
-    def runtime_settings(self, *, control_routes: bool = False) -> RuntimeSettings:
-        """The settings a runtime process serving both roles needs."""
+    def runtime_settings(self, *, control_secret: str | None = None) -> RuntimeSettings:
+        """The settings a runtime process serving both roles needs; ``control_secret`` turns
+        on ``tailguard up``'s control routes."""
         return RuntimeSettings(
             name=self.name,
             models=(_model_settings(self.model, "primary"), _model_settings(self.fallback, "fallback")),
             batching=self.batching,
             stats_window_seconds=float(self.slo.window_seconds),
             slo_p99_ms=float(self.slo.p99_latency_ms),
-            control_routes=control_routes,
+            control_secret=control_secret,
         )
 
 

@@ -22,7 +22,6 @@ from typing import Mapping
 TAILGUARD = [sys.executable, "-m", "tailguard_operator.cli"]
 WAIT_S = 60.0
 """Upper bound on waiting for a line the process is expected to print (s)."""
-BANNER = re.compile(r"on http://127\.0\.0\.1:(\d+)")
 
 
 class UpFailed(RuntimeError):
@@ -78,14 +77,21 @@ class UpProcess:
 
 
 def start_up(spec: Path | str, timeout_s: float = WAIT_S, env: Mapping[str, str] | None = None,
-             cwd: Path | str | None = None, extra_args: tuple[str, ...] = ()) -> UpProcess:
+             cwd: Path | str | None = None, extra_args: tuple[str, ...] = (),
+             host: str | None = None) -> UpProcess:
     """Start `tailguard up SPEC --port 0` (``env`` adds variables) and wait for its banner.
+
+    ``host`` is passed as ``--host``; the banner must then show it (``http://[::]:PORT`` for an
+    IPv6 address). :attr:`UpProcess.base` is always ``http://127.0.0.1:PORT``.
 
     Raises:
         UpFailed: the process exited or printed no banner within ``timeout_s`` seconds (it is
             killed); the message carries what it printed.
     """
-    proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0", *extra_args],
+    shown = f"[{host}]" if host and ":" in host else host or "127.0.0.1"
+    banner = re.compile(rf"on http://{re.escape(shown)}:(\d+)")
+    proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0", *extra_args,
+                             *(["--host", host] if host else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                             stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout_s
@@ -96,7 +102,7 @@ def start_up(spec: Path | str, timeout_s: float = WAIT_S, env: Mapping[str, str]
         if not line:
             break
         seen.append(line)
-        match = BANNER.search(line)
+        match = banner.search(line)
         if match:
             return UpProcess(proc, int(match.group(1)), seen)
     proc.kill()

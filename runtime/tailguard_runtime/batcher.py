@@ -25,6 +25,7 @@ import asyncio
 import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
 from time import perf_counter
 from typing import Any, Callable
 
@@ -32,7 +33,8 @@ import numpy as np
 
 from .admission import DrainEstimate, admit
 from .errors import DeadlineExceeded, Draining, GraceEnded, ModelFailed, TailguardError
-from .rows import Outputs, concat_outputs, gather_rows, predict_isolating, split_outputs
+from .rows import (Outputs, Unisolated, concat_outputs, gather_rows, isolation_budget,
+                   predict_isolating, split_outputs)
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +175,7 @@ class Batcher:
         self.in_flight: set[Request] = set()
         self._observe_batch = observe_batch or (lambda rows, seconds: None)
         self._observe_queue_wait = observe_queue_wait or (lambda seconds: None)
+        self._isolation_budget = isolation_budget(max_batch_size)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tailguard-{name}")
         self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -320,10 +323,12 @@ class Batcher:
                 if start == 0:
                     self._observe_queue_wait(now - request.arrival)
             x = gather_rows(segments)
+            cuts = list(accumulate(stop - start for _, start, stop in segments[:-1]))
             self.busy = True
             started = perf_counter()
             try:
-                pieces = await loop.run_in_executor(self._executor, predict_isolating, self._run, x)
+                pieces = await loop.run_in_executor(self._executor, predict_isolating, self._run,
+                                                    x, cuts, self._isolation_budget)
             finally:
                 self.busy = False
             seconds = perf_counter() - started
@@ -341,7 +346,13 @@ class Batcher:
             future = request.future
             if future.done():
                 continue
-            if isinstance(result, BaseException):
+            if isinstance(result, Unisolated):
+                self.queue.discard(request)
+                future.set_exception(ModelFailed(
+                    f"model raised on a batch of {result.n_requests} requests holding this one "
+                    f"({result}); not isolated within {result.budget} model calls, so this "
+                    "request may be sound: retry it", 500))
+            elif isinstance(result, BaseException):
                 self.queue.discard(request)
                 status = 422 if isinstance(result, (ValueError, TypeError)) else 500
                 future.set_exception(ModelFailed(

@@ -46,6 +46,14 @@ class PayloadTooLarge(TailguardError):
     reason = "too_large"
 
 
+class Forbidden(TailguardError):
+    """A control request from somewhere the control routes never answer, or without the
+    per-run secret (403)."""
+
+    status_code = 403
+    reason = "forbidden"
+
+
 class ModelNotFound(TailguardError):
     """The name in the path is not the InferenceService this runtime serves (404)."""
 
@@ -83,6 +91,14 @@ class BodyTimeout(TailguardError):
 
     status_code = 408
     reason = "slow_body"
+
+
+class IncompleteBody(TailguardError):
+    """The client closed or half-closed its connection before the whole body arrived (400,
+    counted, though nobody reads the answer): the request is never run."""
+
+    status_code = 400
+    reason = "incomplete_body"
 
 
 class NotReady(TailguardError):

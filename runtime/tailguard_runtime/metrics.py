@@ -61,8 +61,8 @@ ROLLBACKS = Counter("tailguard_rollbacks",
 ROLLBACK_REASONS = ("latency", "deadline", "errors")
 """The breach kinds of :mod:`tailguard_operator.policy`, in the order it reports them."""
 
-REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body", "too_large",
-                     "invalid_input", "draining",
+REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",
+                     "incomplete_body", "too_large", "invalid_input", "draining",
                      "not_ready", "model_error", "internal")
 COMMON_CODES = ("200", "400", "408", "413", "422", "429", "500", "503", "504")
 

@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
-from .errors import ModelLoadError
+from .errors import InvalidInput, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,11 @@ class Predictor:
     """The classifier's ``classes_``; ``None`` for a regressor."""
     estimator_type: str
     """The estimator's class name, for metadata and log lines."""
+    input_limit: float | None = None
+    """Largest ``|x|`` the estimator can take, or ``None`` for any finite float64: tree
+    models compute in float32 (see :func:`float32_estimator`), where anything larger becomes
+    infinite and the model raises. Checked per request by :func:`check_input_range`, before
+    batching, so such a row never costs its batch-mates a bisection."""
     estimator: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The fitted estimator itself (for ``tailguard report``'s model size); None if unknown."""
 
@@ -159,6 +164,45 @@ def forest_predict_proba(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
     return predict_proba
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def float32_estimator(estimator: Any) -> bool:
+    """Whether scikit-learn casts ``X`` to float32 before ``estimator`` sees it: its tree
+    module's ``DTYPE`` is float32, so decision trees, random and extra-trees forests, gradient
+    boosting and isolation forests all do (alone, or as the first step of a ``Pipeline``)."""
+    from sklearn import ensemble, tree
+    from sklearn.pipeline import Pipeline
+
+    if isinstance(estimator, Pipeline) and estimator.steps:
+        estimator = estimator.steps[0][1]
+    kinds = (tree.DecisionTreeClassifier, tree.DecisionTreeRegressor, tree.ExtraTreeClassifier,
+             tree.ExtraTreeRegressor, ensemble.RandomForestClassifier,
+             ensemble.RandomForestRegressor, ensemble.ExtraTreesClassifier,
+             ensemble.ExtraTreesRegressor, ensemble.GradientBoostingClassifier,
+             ensemble.GradientBoostingRegressor, ensemble.IsolationForest)
+    return isinstance(estimator, kinds)
+
+
+def check_input_range(x: np.ndarray, predictor: Predictor, field: str) -> None:
+    """Refuse rows the model cannot take: any ``|value|`` above ``predictor.input_limit``.
+
+    ``x``: ``(n_rows, n_features)`` float64, already finite; ``field`` names the tensor in the
+    message (``inputs[0]`` or ``instances``). Costs one pass over ``x``; nothing when the
+    model has no limit.
+
+    Raises:
+        InvalidInput: 422 naming the first offending row and feature and the model's range.
+    """
+    limit = predictor.input_limit
+    if limit is None or x.size == 0 or np.abs(x).max() <= limit:
+        return
+    row, col = np.argwhere(np.abs(x) > limit)[0]
+    raise InvalidInput(f"{field}: row {row}, feature {col} is {x[row, col]:g}, beyond "
+                       f"+/-{limit:g}: {predictor.estimator_type} computes in float32, where "
+                       "that value is infinite")
+
+
 def check_drop_in(primary: Predictor, fallback: Predictor) -> None:
     """Check that ``fallback`` can take ``primary``'s traffic unchanged.
 
@@ -197,12 +241,13 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
         raise ModelLoadError(f"{uri}: estimator {type(estimator).__name__} is not fitted "
                              "(no n_features_in_)")
     _single_thread(estimator)
+    limit = FLOAT32_MAX if float32_estimator(estimator) else None
     classes = getattr(estimator, "classes_", None)
     if classes is None:
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
         return Predictor(uri, int(n_features), (OutputSpec("predict", "FP64", (-1,)),), run,
-                         None, type(estimator).__name__, estimator)
+                         None, type(estimator).__name__, limit, estimator)
 
     classes = np.asarray(classes)
     label_type = _datatype(classes.dtype)
@@ -225,7 +270,7 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
     return Predictor(uri, int(n_features), tuple(outputs), run, tuple(classes.tolist()),
-                     type(estimator).__name__, estimator)
+                     type(estimator).__name__, limit, estimator)
 
 
 def load_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:

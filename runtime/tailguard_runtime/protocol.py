@@ -26,6 +26,11 @@ from .models import OutputSpec
 
 V2_DATATYPES = ("FP32", "FP64", "INT64")
 _NUMBER_TYPES = frozenset((int, float))
+INT64_EXACT = 2**53
+"""The largest INT64 magnitude a float64 holds exactly (IEEE 754: a 53-bit significand);
+larger INT64 values are refused rather than rounded."""
+FP32_MAX = float(np.finfo(np.float32).max)
+"""The largest finite float32 (about 3.4e38); FP32 data beyond it is refused."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,23 @@ class V2Request:
     timeout_us: float | None
 
 
+BODY_BYTES_PER_VALUE = 48
+"""Room for one tensor value in a valid body: the longest float64 JSON number (24 characters,
+``-2.2250738585072014e-308``), its separator, and the indentation ``json.dumps(indent=4)``
+puts before each value of a nested row."""
+BODY_OVERHEAD_BYTES = 64 * 1024
+"""Room for everything but the values: names, shape, ``id``, ``parameters``, ``outputs``."""
+
+
+def max_valid_body_bytes(n_features: int, max_rows: int) -> int:
+    """The largest body a valid request can have, in bytes: at most ``max_rows`` rows
+    (``maxQueueSize``) of ``n_features`` values of :data:`BODY_BYTES_PER_VALUE` each, plus
+    :data:`BODY_OVERHEAD_BYTES`. A larger body (or a compressed one inflating past it) is
+    refused with 413 before it is parsed; for the digits example (64 features, 512 rows) that is
+    about 1.6 MB (1,638,400 bytes)."""
+    return BODY_OVERHEAD_BYTES + max_rows * n_features * BODY_BYTES_PER_VALUE
+
+
 def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
               max_rows: int | None = None) -> V2Request:
     """Decode and validate a v2 ``/infer`` body for a model with ``n_features`` features.
@@ -53,7 +75,9 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
         PayloadTooLarge: more than ``max_rows`` rows (413).
         InvalidInput: malformed JSON (400); missing or extra inputs, unsupported datatype, wrong
             shape or feature count, element count not matching the shape, non-numeric, boolean
-            or non-finite values, unknown requested outputs, a bad ``parameters.timeout`` (422).
+            or non-finite values, ``INT64`` values beyond 2**53 (:data:`INT64_EXACT`), ``FP32``
+            values beyond float32's range, unknown requested outputs or ``outputs: []``, a bad
+            ``parameters.timeout`` (422).
     """
     doc = _loads(body)
     if not isinstance(doc, dict):
@@ -67,11 +91,12 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     datatype = tensor.get("datatype")
     if datatype not in V2_DATATYPES:
         raise InvalidInput(f"inputs[0] ({name}): datatype must be one of "
-                           f"{', '.join(V2_DATATYPES)}, got {datatype!r}")
+                           f"{', '.join(V2_DATATYPES)}, got {preview(datatype)}")
     shape = tensor.get("shape")
     if (not isinstance(shape, list) or len(shape) != 2
             or not all(type(d) is int and d >= 0 for d in shape)):
-        raise InvalidInput(f"inputs[0] ({name}): shape must be [n_rows, {n_features}], got {shape!r}")
+        raise InvalidInput(f"inputs[0] ({name}): shape must be [n_rows, {n_features}], got "
+                           f"{preview(shape)}")
     if shape[1] != n_features:
         raise InvalidInput(f"inputs[0] ({name}): expected {n_features} features per row "
                            f"(shape [n_rows, {n_features}]), got shape {shape}")
@@ -93,6 +118,9 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
                            f"{len(data)}")
     x = _to_matrix(data, f"inputs[0] ({name}).data", datatype == "INT64",
                    f"flat values or rows of {n_features}")
+    if datatype == "FP32" and np.abs(x).max(initial=0.0) > FP32_MAX:
+        raise InvalidInput(f"inputs[0] ({name}).data: FP32 values beyond {FP32_MAX:.7g} are "
+                           "out of float32 range; send FP64")
     if x.size != shape[0] * shape[1]:
         raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs {shape[0] * shape[1]} "
                            f"values, data has {x.size}")
@@ -183,7 +211,9 @@ def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
     """Undo a ``Content-Encoding`` of ``gzip`` or ``deflate`` (``identity`` passes through).
 
     Raises:
-        InvalidInput: another encoding (415) or a corrupt stream (400).
+        InvalidInput: another encoding (415); a corrupt stream, a bad checksum or length, a
+            stream that does not end, or bytes after its end (trailing junk, a second gzip
+            member) (400).
         PayloadTooLarge: the decompressed body would exceed ``limit`` bytes.
     """
     name = encoding.strip().lower()
@@ -199,6 +229,15 @@ def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
         raise InvalidInput(f"body is not valid {name.decode()} data: {exc}", 400) from None
     if len(out) > limit or inflater.unconsumed_tail:
         raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
+    # zlib checks the CRC/Adler-32 trailer only once it reaches it: a stream must end, and
+    # end the body (no junk, no second gzip member: RFC 9110 names one coding, one stream)
+    if not inflater.eof:
+        raise InvalidInput(f"body is not valid {name.decode()} data: the stream is truncated "
+                           "(no end and checksum)", 400)
+    if inflater.unused_data:
+        raise InvalidInput(f"body is not valid {name.decode()} data: "
+                           f"{len(inflater.unused_data)} bytes follow the end of the stream "
+                           "(trailing data or a second member)", 400)
     return out
 
 
@@ -216,6 +255,16 @@ def parse_timeout_header(value: bytes) -> float:
         raise InvalidInput(f"X-Request-Timeout-Ms must be a positive number of milliseconds, "
                            f"got {value.decode(errors='replace')!r}", 400)
     return ms / 1000.0
+
+
+def preview(value: Any, limit: int = 40) -> str:
+    """``value`` as JSON for an error message, cut to ``limit`` characters. A value nested too
+    deep for orjson's encoder (254 levels) is named by its type: rendering an error must never
+    fail itself."""
+    try:
+        return orjson.dumps(value).decode()[:limit]
+    except TypeError:  # orjson.JSONEncodeError: recursion limit, or an unsupported object
+        return f"a {type(value).__name__} nested too deep to show"
 
 
 def _check_rows(n_rows: int, max_rows: int | None) -> None:
@@ -246,8 +295,6 @@ def _to_matrix(data: list[Any], field: str, integers: bool, expected: str) -> np
         x = np.array(data, dtype=np.float64)
     except ValueError:
         raise InvalidInput(f"{field}: rows must all have the same length") from None
-    if integers and np.abs(x).max(initial=0.0) > 2**53:
-        raise InvalidInput(f"{field}: INT64 values beyond 2**53 cannot be represented exactly")
     return x
 
 
@@ -259,6 +306,9 @@ def _check_numbers(values: list[Any], field: str, integers: bool, expected: str,
     if kinds <= _NUMBER_TYPES:
         if integers and float in kinds:
             raise InvalidInput(f"{field}: INT64 tensor holds non-integer values")
+        if integers and values and (max(values) > INT64_EXACT or min(values) < -INT64_EXACT):
+            raise InvalidInput(f"{field}: INT64 values beyond 2**53 cannot be represented "
+                               "exactly; they are refused, not rounded")
         return
     if list in kinds:
         if depth >= 2:
@@ -269,7 +319,7 @@ def _check_numbers(values: list[Any], field: str, integers: bool, expected: str,
             _check_numbers(row, field, integers, expected, depth + 1)
         return
     bad = next(v for v in values if type(v) not in _NUMBER_TYPES)
-    raise InvalidInput(f"{field}: values must be numbers, got {orjson.dumps(bad).decode()[:40]}")
+    raise InvalidInput(f"{field}: values must be numbers, got {preview(bad)}")
 
 
 def _requested_outputs(raw: Any, known: Sequence[str]) -> tuple[str, ...] | None:
@@ -277,10 +327,14 @@ def _requested_outputs(raw: Any, known: Sequence[str]) -> tuple[str, ...] | None
         return None
     if not isinstance(raw, list) or not all(isinstance(o, dict) and "name" in o for o in raw):
         raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
+    if not raw:
+        raise InvalidInput(f"outputs: an empty list asks for no output; omit 'outputs' for all "
+                           f"of {list(known)}, or name at least one")
     names = tuple(o["name"] for o in raw)
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise InvalidInput(f"outputs: unknown output(s) {unknown}; this model has {list(known)}")
+        shown = [n if isinstance(n, str) else preview(n) for n in unknown]
+        raise InvalidInput(f"outputs: unknown output(s) {shown}; this model has {list(known)}")
     return names
 
 
@@ -300,7 +354,7 @@ def _timeout_us(parameters: Any) -> float | None:
         return None
     if type(timeout) not in _NUMBER_TYPES or not timeout > 0:
         raise InvalidInput(f"parameters.timeout must be a positive number of microseconds, "
-                           f"got {timeout!r}")
+                           f"got {preview(timeout)}")
     return float(timeout)
 
 

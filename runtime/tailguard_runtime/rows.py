@@ -7,6 +7,7 @@ shape ``(n_rows, n_features)`` float64.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -31,23 +32,68 @@ def gather_rows(segments: Sequence[tuple[HasRows, int, int]]) -> np.ndarray:
     return np.concatenate([r.x[a:b] for r, a, b in segments])
 
 
-def predict_isolating(run: Callable[[np.ndarray], Outputs],
-                      x: np.ndarray) -> list[tuple[int, int, Outputs | BaseException]]:
-    """Run the model on ``x``; if it raises, bisect so only the offending rows fail.
+class Unisolated(Exception):
+    """The model raised on a group of ``n_requests`` requests, and the bisection budget ran out
+    before it could tell which of them the model cannot take; ``cause`` is its exception."""
+
+    def __init__(self, cause: BaseException, n_requests: int, budget: int) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+        self.n_requests = n_requests
+        self.budget = budget
+
+
+def isolation_budget(max_batch_size: int) -> int:
+    """Extra model calls one failing batch may spend on bisection: enough to single out one
+    failing request among ``max_batch_size`` (two calls per halving, ``ceil(log2 n)`` halvings),
+    plus one. 13 for a batch of 64. Past it, the groups still failing get :class:`Unisolated`,
+    so failing requests cost the model at most this many calls per batch, whatever they hold."""
+    return 2 * max(1, math.ceil(math.log2(max(max_batch_size, 2)))) + 1
+
+
+def predict_isolating(run: Callable[[np.ndarray], Outputs], x: np.ndarray,
+                      cuts: Sequence[int] | None = None,
+                      max_extra_calls: int | None = None,
+                      ) -> list[tuple[int, int, Outputs | BaseException]]:
+    """Run the model on ``x``; if it raises, bisect so only the offending pieces fail.
+
+    ``cuts``: the row offsets where one request's rows end and the next one's begin
+    (ascending, inside ``(0, n_rows)``); bisection splits only there, since a request fails
+    whole if any of its rows fails. ``None``: every row is a piece. ``max_extra_calls``: the
+    most model calls spent after the first one fails (``None``: no limit); a group still
+    failing when it is spent is returned with :class:`Unisolated`.
 
     Returns pieces ``(start, stop, outputs-or-exception)`` that cover ``[0, n_rows)`` in order.
-    A single row that still raises carries its exception. Costs ``O(k log n)`` extra model calls
-    for ``k`` bad rows.
+    A single piece that raises carries its exception. Costs at most ``2 k log2(p)`` extra
+    model calls for ``k`` failing pieces out of ``p``.
     """
     try:
         return [(0, x.shape[0], run(x))]
     except Exception as exc:
-        if x.shape[0] == 1:
-            return [(0, 1, exc)]
-    mid = x.shape[0] // 2
-    left = predict_isolating(run, x[:mid])
-    right = predict_isolating(run, x[mid:])
-    return left + [(a + mid, b + mid, out) for a, b, out in right]
+        first = exc
+    bounds = [0, *cuts, x.shape[0]] if cuts is not None else list(range(x.shape[0] + 1))
+    budget = len(bounds) * 2 if max_extra_calls is None else max_extra_calls
+    pieces: list[tuple[int, int, Outputs | BaseException]] = []
+    spent = 0
+
+    def bisect(lo: int, hi: int, exc: BaseException) -> None:
+        nonlocal spent
+        if hi - lo == 1:
+            pieces.append((bounds[lo], bounds[hi], exc))
+            return
+        mid = (lo + hi) // 2
+        for a, b in ((lo, mid), (mid, hi)):
+            if spent >= budget:
+                pieces.append((bounds[a], bounds[b], Unisolated(exc, b - a, budget)))
+                continue
+            spent += 1
+            try:
+                pieces.append((bounds[a], bounds[b], run(x[bounds[a]:bounds[b]])))
+            except Exception as inner:
+                bisect(a, b, inner)
+
+    bisect(0, len(bounds) - 1, first)
+    return pieces
 
 
 def split_outputs(pieces: Sequence[tuple[int, int, Outputs | BaseException]],

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import uvicorn
 
 from .app import build_app
+from .connections import bounded_protocol, raise_fd_limit
 from .errors import ModelLoadError
 from .service import Runtime, load_runtime
 from .settings import RuntimeSettings
@@ -97,6 +98,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def base_url(host: str, port: int) -> str:
+    """``http://HOST:PORT``, with an IPv6 address in brackets (``http://[::]:8080``)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 async def serve(runtime: Runtime, sock: socket.socket, *,
                 on_started: Callable[[DrainingServer], Awaitable[None]] | None = None) -> None:
     """Serve ``runtime`` on an already bound socket until a signal drains it.
@@ -104,9 +110,15 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
     ``on_started`` runs once the server listens (``tailguard up`` uses it for its status line).
     """
     await runtime.start()
-    config = uvicorn.Config(build_app(runtime), http="httptools", lifespan="off",
-                            access_log=False, log_config=None, timeout_graceful_shutdown=5,
-                            timeout_keep_alive=30, server_header=False)
+    # http: uvicorn's httptools protocol with JSON errors and per-connection bounds.
+    # proxy_headers off: nothing sits in front of the runtime that we trust, and uvicorn would
+    # otherwise take X-Forwarded-For from any 127.0.0.1 peer as the client address.
+    limits = runtime.settings.connections
+    raise_fd_limit()
+    config = uvicorn.Config(build_app(runtime), http=bounded_protocol(limits), ws="none",
+                            lifespan="off", access_log=False, log_config=None,
+                            timeout_graceful_shutdown=5, server_header=False, proxy_headers=False,
+                            timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
     server = DrainingServer(config, runtime)
     helper: asyncio.Task[None] | None = None
     if on_started is not None:
@@ -206,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailguard-runtime: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)
         return 2
-    logger.info("serving service=%s on http://%s:%d", settings.name, args.host, sock.getsockname()[1])
+    logger.info("serving service=%s on %s", settings.name, base_url(args.host, sock.getsockname()[1]))
     if args.role:
         async def follow(_: DrainingServer) -> None:
             await follow_traffic(runtime, args.config, args.role)

@@ -39,6 +39,67 @@ class BatchingSettings:
 
 
 @dataclass(frozen=True)
+class ConnectionSettings:
+    """What one client connection may hold (see :mod:`tailguard_runtime.connections`).
+
+    Read from the runtime config's optional ``connections`` block (camelCase keys below); the
+    defaults follow common proxy practice (nginx's ``client_header_timeout`` and
+    ``client_body_timeout`` are 60 s; ours are shorter because a runtime's clients are services,
+    not people on slow links).
+    """
+
+    max_connections: int | None = None
+    """``maxConnections``: most open client connections; past it the longest-idle one is closed
+    (or, with every connection busy, the new one gets 503). ``None``: the process's open-file
+    limit minus 128."""
+    keep_alive_s: float = 30.0
+    """``keepAliveSeconds``: an idle connection (just opened, or between requests) is closed
+    after this many seconds."""
+    request_head_timeout_s: float = 10.0
+    """``requestHeadTimeoutSeconds``: a request's head must be complete this many seconds after
+    its first byte (408, then close)."""
+    request_body_timeout_s: float = 30.0
+    """``requestBodyTimeoutSeconds``: a body must be complete this many seconds after its head
+    (408, then close). Inference bodies are also held to the request's own deadline."""
+    send_stall_timeout_s: float = 30.0
+    """``sendStallTimeoutSeconds``: a client that reads none of its answers for this many
+    seconds (the write buffer stays full) is disconnected."""
+    max_pipelined: int = 16
+    """``maxPipelinedRequests``: most requests one connection may have parsed and unanswered;
+    past it the server stops reading from that connection until answers go out."""
+
+    @classmethod
+    def from_config(cls, raw: Mapping[str, Any]) -> "ConnectionSettings":
+        """Build from the runtime config's ``connections`` mapping.
+
+        Raises:
+            ValueError: a value that is not positive.
+        """
+        made = cls(
+            max_connections=(None if raw.get("maxConnections") is None
+                             else int(raw["maxConnections"])),
+            keep_alive_s=float(raw.get("keepAliveSeconds", cls.keep_alive_s)),
+            request_head_timeout_s=float(raw.get("requestHeadTimeoutSeconds",
+                                                 cls.request_head_timeout_s)),
+            request_body_timeout_s=float(raw.get("requestBodyTimeoutSeconds",
+                                                 cls.request_body_timeout_s)),
+            send_stall_timeout_s=float(raw.get("sendStallTimeoutSeconds",
+                                               cls.send_stall_timeout_s)),
+            max_pipelined=int(raw.get("maxPipelinedRequests", cls.max_pipelined)),
+        )
+        for key, value in (("maxConnections", 1 if made.max_connections is None
+                            else made.max_connections),
+                           ("keepAliveSeconds", made.keep_alive_s),
+                           ("requestHeadTimeoutSeconds", made.request_head_timeout_s),
+                           ("requestBodyTimeoutSeconds", made.request_body_timeout_s),
+                           ("sendStallTimeoutSeconds", made.send_stall_timeout_s),
+                           ("maxPipelinedRequests", made.max_pipelined)):
+            if not value > 0:
+                raise ValueError(f"connections.{key} must be positive, got {value}")
+        return made
+
+
+@dataclass(frozen=True)
 class ModelSettings:
     """One model to serve: where it comes from and which role it plays."""
 
@@ -70,8 +131,11 @@ class RuntimeSettings:
     drain_grace_seconds: float = 20.0
     """After SIGTERM, how long admitted requests get to finish, in seconds. Kept below the
     pod's ``terminationGracePeriodSeconds`` (30 s by default in Kubernetes)."""
-    control_routes: bool = False
-    """Serve the loopback-only traffic switch (``tailguard up`` turns it on)."""
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    """Per-connection bounds: idle, head and body timeouts, the connection cap, pipelining."""
+    control_secret: str | None = None
+    """The per-run secret of ``tailguard up``'s control routes (``None``: no control routes,
+    as in a cluster); see :mod:`tailguard_runtime.control`."""
     fast_forests: bool = True
     """Evaluate random/extra-trees classifiers tree by tree without joblib's dispatch (same
     result, about 5x cheaper per call; see :func:`tailguard_runtime.models.forest_predict_proba`).
@@ -88,7 +152,7 @@ class RuntimeSettings:
 
         Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?, "version"?}],
         "batching": {...}, "slo": {"windowSeconds", "p99LatencyMs"?},
-        "drainGraceSeconds"?: float,
+        "drainGraceSeconds"?: float, "connections"?: {...} (see :class:`ConnectionSettings`),
         "activeModel"?: str}`` with the same camelCase keys as the CRD (``activeModel`` is read
         by the server's traffic follower, not here).
 
@@ -107,6 +171,7 @@ class RuntimeSettings:
             stats_window_seconds=float(config.get("slo", {}).get("windowSeconds", 10)),
             slo_p99_ms=_optional_float(config.get("slo", {}).get("p99LatencyMs")),
             drain_grace_seconds=float(config.get("drainGraceSeconds", 20)),
+            connections=ConnectionSettings.from_config(config.get("connections", {})),
         )
 
 

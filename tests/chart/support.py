@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -72,6 +73,27 @@ class Helm:
     def lint(self, values: Mapping[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
         return self.run("lint", "--strict", str(CHART), "--namespace", RELEASE_NAMESPACE,
                         "--kube-version", K8S_VERSION, *self.values_args(values))
+
+
+def demo_commands(step: str) -> list[list[str]]:
+    """The commands ``scripts/kind-demo.sh STEP`` runs, as argv lists: its ``DRY_RUN=1`` output
+    (lines starting ``+ ``, shell-quoted), a trailing ``&`` dropped."""
+    proc = subprocess.run(["bash", str(REPO / "scripts/kind-demo.sh"), step], cwd=REPO,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = (proc.stdout + proc.stderr).splitlines()
+    return [shlex.split(line[2:].rstrip(" &")) for line in lines if line.startswith("+ ")]
+
+
+def find_commands(commands: Sequence[list[str]], *prefix: str) -> list[list[str]]:
+    """The commands whose argv starts with ``prefix``, in order."""
+    return [c for c in commands if c[:len(prefix)] == list(prefix)]
+
+
+def flag_values(argv: Sequence[str], name: str) -> list[str]:
+    """Every value given to ``name`` as a separate argument (``--flag value``)."""
+    return [argv[i + 1] for i, a in enumerate(argv) if a == name]
 
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",

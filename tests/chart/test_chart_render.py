@@ -128,8 +128,8 @@ def test_crd_off_renders_no_inferenceservice_crd(helm: Helm) -> None:
 
 
 def test_packaged_chart_carries_the_crd_and_dashboard_byte_for_byte(helm: Helm) -> None:
-    """files/inferenceservice.yaml is a link to crds/; `helm package` must store the file the
-    link points to, so a packaged chart installs the same CRD."""
+    """files/inferenceservice.yaml is a copy of crds/ (`make crds`); `helm package` stores it,
+    so a packaged chart installs the same CRD."""
     out = helm.scratch / "pkg"
     helm.run("package", str(CHART), "--destination", str(out))
     (archive,) = out.glob("tailguard-*.tgz")
@@ -139,7 +139,9 @@ def test_packaged_chart_carries_the_crd_and_dashboard_byte_for_byte(helm: Helm) 
             assert member is not None, name
             return member.read()
 
-        assert read("files/inferenceservice.yaml") == REPO_CRD.read_bytes()
+        packaged = read("files/inferenceservice.yaml")
+        assert packaged == (CHART / "files/inferenceservice.yaml").read_bytes()
+        assert packaged.endswith(REPO_CRD.read_bytes())
         assert read("dashboards/tailguard.json") == (CHART / "dashboards/tailguard.json").read_bytes()
         assert yaml.safe_load(io.BytesIO(read("Chart.yaml")))["name"] == "tailguard"
 

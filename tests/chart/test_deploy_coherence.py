@@ -28,7 +28,8 @@ from tailguard_operator.settings import OperatorSettings
 from tailguard_runtime.models import load_dataset
 from tailguard_runtime.protocol import decode_v2
 
-from .support import CHART, REPO, Helm, env_of, one, operator_container, validate_object
+from .support import (CHART, REPO, Helm, demo_commands, env_of, find_commands, flag_values, one,
+                      operator_container, validate_object)
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 VERSION = PYPROJECT["project"]["version"]
@@ -333,27 +334,10 @@ def test_versions_agree() -> None:
         assert f"docker build -t {image} -f {path} ." in (REPO / path).read_text(encoding="utf-8")
 
 
-def _dry_run() -> list[list[str]]:
-    proc = subprocess.run(["bash", str(REPO / "scripts/kind-demo.sh"), "all"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "DRY_RUN": "1"})
-    assert proc.returncode == 0, proc.stderr
-    lines = (proc.stdout + proc.stderr).splitlines()
-    return [shlex.split(line[2:].rstrip(" &")) for line in lines if line.startswith("+ ")]
-
-
 @pytest.fixture(scope="module")
 def demo() -> list[list[str]]:
     """The commands `scripts/kind-demo.sh all` runs, as argv lists."""
-    return _dry_run()
-
-
-def _find(commands: list[list[str]], *prefix: str) -> list[list[str]]:
-    return [c for c in commands if c[:len(prefix)] == list(prefix)]
-
-
-def _flag(argv: list[str], name: str) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv) if a == name]
+    return demo_commands("all")
 
 
 def test_kind_script_builds_loads_and_creates_what_the_files_name(demo: list[list[str]]) -> None:
@@ -361,21 +345,21 @@ def test_kind_script_builds_loads_and_creates_what_the_files_name(demo: list[lis
     assert kind_config["kind"] == "Cluster" and kind_config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
     assert [n["role"] for n in kind_config["nodes"]][0] == "control-plane"
     cluster = kind_config["name"]
-    assert _find(demo, "kind", "create", "cluster") == [
+    assert find_commands(demo, "kind", "create", "cluster") == [
         ["kind", "create", "cluster", "--name", cluster, "--config", "kind-config.yaml"]]
-    assert _find(demo, "docker", "build") == [
+    assert find_commands(demo, "docker", "build") == [
         ["docker", "build", "-t", RUNTIME_IMAGE, "-f", "runtime/Dockerfile", "."],
         ["docker", "build", "-t", OPERATOR_IMAGE, "-f", "operator/Dockerfile", "."]]
-    assert _find(demo, "kind", "load") == [
+    assert find_commands(demo, "kind", "load") == [
         ["kind", "load", "docker-image", RUNTIME_IMAGE, "--name", cluster],
         ["kind", "load", "docker-image", OPERATOR_IMAGE, "--name", cluster]]
-    assert _find(demo, "kind", "delete") == [["kind", "delete", "cluster", "--name", cluster]]
+    assert find_commands(demo, "kind", "delete") == [["kind", "delete", "cluster", "--name", cluster]]
 
 
 def test_kind_script_installs_the_chart_with_values_it_has(demo: list[list[str]], helm4: Helm) -> None:
-    (install,) = _find(demo, "helm", "upgrade", "--install", "tailguard", "charts/tailguard")
-    sets = [arg for flag in ("--set",) for arg in _flag(install, flag)]
-    namespace = _flag(install, "--namespace")[0]
+    (install,) = find_commands(demo, "helm", "upgrade", "--install", "tailguard", "charts/tailguard")
+    sets = [arg for flag in ("--set",) for arg in flag_values(install, flag)]
+    namespace = flag_values(install, "--namespace")[0]
     objs = helm4.template(None, [f"--set={s}" for s in sets])
     for obj in objs:
         validate_object(obj, objs)
@@ -387,15 +371,15 @@ def test_kind_script_installs_the_chart_with_values_it_has(demo: list[list[str]]
 
     # prometheus-adapter reads the chart's rules ConfigMap, in its own namespace, and the
     # Prometheus that kube-prometheus-stack runs.
-    (adapter,) = _find(demo, "helm", "upgrade", "--install", "prometheus-adapter")
-    adapter_sets = dict(s.split("=", 1) for s in _flag(adapter, "--set"))
-    adapter_ns = _flag(adapter, "--namespace")[0]
+    (adapter,) = find_commands(demo, "helm", "upgrade", "--install", "prometheus-adapter")
+    adapter_sets = dict(s.split("=", 1) for s in flag_values(adapter, "--set"))
+    adapter_ns = flag_values(adapter, "--namespace")[0]
     rules = [o for o in objs if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})]
     assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in rules] == [
         (adapter_sets["rules.existing"], adapter_ns)]
-    (stack,) = _find(demo, "helm", "upgrade", "--install", "kps")
-    stack_sets = dict(s.split("=", 1) for s in _flag(stack, "--set"))
-    stack_ns = _flag(stack, "--namespace")[0]
+    (stack,) = find_commands(demo, "helm", "upgrade", "--install", "kps")
+    stack_sets = dict(s.split("=", 1) for s in flag_values(stack, "--set"))
+    stack_ns = flag_values(stack, "--namespace")[0]
     assert adapter_sets["prometheus.url"] == (
         f"http://{stack_sets['fullnameOverride']}-prometheus.{stack_ns}.svc")
     assert stack_sets["prometheus.prometheusSpec.podMonitorSelectorNilUsesHelmValues"] == "false"
@@ -404,33 +388,33 @@ def test_kind_script_installs_the_chart_with_values_it_has(demo: list[list[str]]
 
 
 def test_kind_script_serves_rolls_back_and_asks_the_right_questions(demo: list[list[str]]) -> None:
-    (apply,) = _find(demo, "kubectl", "apply")
-    example_path = _flag(apply, "-f")[0]
+    (apply,) = find_commands(demo, "kubectl", "apply")
+    example_path = flag_values(apply, "-f")[0]
     example = yaml.safe_load((REPO / example_path).read_text(encoding="utf-8"))
     name = example["metadata"]["name"]
-    waits = _find(demo, "kubectl", "wait")
+    waits = find_commands(demo, "kubectl", "wait")
     assert waits[0][-3:] == [f"inferenceservice/{name}", "--timeout", "600s"]
     assert "--for=condition=Ready" in waits[0]
 
-    patches = _find(demo, "kubectl", "patch")
+    patches = find_commands(demo, "kubectl", "patch")
     roles = []
     for patch in patches:
-        assert patch[4:6] == ["inferenceservice", name] and _flag(patch, "--type") == ["merge"]
-        body = json.loads(_flag(patch, "-p")[0])
+        assert patch[4:6] == ["inferenceservice", name] and flag_values(patch, "--type") == ["merge"]
+        body = json.loads(flag_values(patch, "-p")[0])
         patched = {**example, "spec": {**example["spec"], **body["spec"]}}
         roles.append(spec.parse(patched).traffic)
     assert roles == ["fallback", "primary"]
     assert [w for w in waits[1:] if "--for=jsonpath={.status.activeModel}=fallback" in w]
 
-    posts = [c for c in _find(demo, "curl") if "--data" in c]
+    posts = [c for c in find_commands(demo, "curl") if "--data" in c]
     assert posts
     x_features = load_dataset(example["spec"]["model"]["uri"].split("/")[2])[0].shape[1]
     for post in posts:
         assert post[-1].endswith(f"/v2/models/{name}/infer")
-        request = decode_v2(_flag(post, "--data")[0].encode(), x_features,
+        request = decode_v2(flag_values(post, "--data")[0].encode(), x_features,
                             ["predict", "predict_proba"])
         assert request.x.shape == (1, x_features)
-    forwards = _find(demo, "kubectl", "port-forward")
+    forwards = find_commands(demo, "kubectl", "port-forward")
     assert forwards and all(f"service/{name}" in f for f in forwards)
 
 
@@ -440,10 +424,8 @@ def test_examples_run_in_a_cluster_as_they_are(example: str) -> None:
     assert manifests.cluster_problems(isvc) == []
 
 
-def test_scripts_parse_and_document_themselves() -> None:
-    for script in ("scripts/kind-demo.sh", "scripts/install-helm.sh"):
-        proc = subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
+def test_scripts_document_themselves() -> None:
+    """(test_kind_demo.py runs `bash -n` and shellcheck on every script.)"""
     proc = subprocess.run(["bash", str(REPO / "scripts/kind-demo.sh"), "help"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "DRY_RUN=1" in proc.stdout

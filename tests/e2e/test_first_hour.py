@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
-import joblib
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tailguard_operator.localstate import find_control_file
 
 from up_harness import ROOT, TAILGUARD, WAIT_S, Up, run_cli, start_up
 
@@ -253,7 +253,10 @@ def test_a_spec_that_starts_on_the_fallback_logs_that_switch(tmp_path: Path) -> 
 
 
 def test_the_switch_route_refuses_a_who_that_is_not_one_word(iris: Up) -> None:
+    control = find_control_file("iris", iris.port)
+    assert control is not None
     reply = httpx.post(f"{iris.base}/tailguard/traffic", timeout=30,
+                       headers={"Authorization": f"Bearer {control.secret}"},
                        json={"name": "iris", "activeModel": "fallback", "by": "cli at=yesterday"})
     assert reply.status_code == 400 and "one short lowercase word" in reply.json()["error"]
     assert httpx.get(f"{iris.base}/tailguard/traffic", timeout=30).json()["activeModel"] == "primary"

@@ -2,8 +2,8 @@
 
 :func:`start_up` runs ``tailguard up SPEC --port 0`` in the repository root through
 :mod:`tailguard_operator.upproc`, the one way the project starts it (``tailguard bench`` and
-bench/guard.py use it too); :class:`Up` is its ``UpProcess``. :func:`run_cli` runs one `tailguard` command to completion. Every process listens on
-127.0.0.1 only and is stopped by PID.
+bench/guard.py use it too); :class:`Up` is its ``UpProcess``. :func:`run_cli` runs one
+`tailguard` command to completion. Every process listens on 127.0.0.1 only and is stopped by PID.
 
 This module has a name of its own (not ``conftest``) so that test modules can import it.
 """
@@ -26,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits.yaml"
 
 
-def start_up(spec: Path, timeout_s: float = WAIT_S, env: Mapping[str, str] | None = None) -> Up:
-    """Start `tailguard up SPEC --port 0` in the repository root; ``env`` adds variables."""
-    return _start_up(spec, timeout_s, env, cwd=ROOT)
+def start_up(spec: Path, timeout_s: float = WAIT_S, env: Mapping[str, str] | None = None,
+             host: str | None = None) -> Up:
+    """Start `tailguard up SPEC --port 0` in the repository root; ``env`` adds variables,
+    ``host`` is passed as ``--host``."""
+    return _start_up(spec, timeout_s, env, cwd=ROOT, host=host)
 
 
 def run_cli(*args: str, env: Mapping[str, str] | None = None,

@@ -38,7 +38,7 @@ class Clock:
 
 
 def guarded(isvc: spec.InferenceService) -> tuple[Runtime, LocalGuard, Clock, io.StringIO]:
-    runtime = load_runtime(isvc.runtime_settings(control_routes=True))
+    runtime = load_runtime(isvc.runtime_settings())
     clock, out = Clock(), io.StringIO()
     guard = LocalGuard(runtime, isvc, out, clock=clock, wall=lambda: 1_800_000_000 + clock())
     guard.start()

@@ -8,9 +8,10 @@ timeout.
 
 The probe model (:data:`PROBE_SOURCE`) is written into a temporary folder as a module and put on
 the server's ``PYTHONPATH`` so the server can unpickle it. Its label and probabilities are simple
-functions of the row, and three markers in column 0 make it misbehave on purpose: ``-999`` raises
-``ValueError`` (the row's request should get 422), ``-998`` raises ``RuntimeError`` (500), and
-``-1`` sleeps ``x[1]`` milliseconds (a slow batch, for deadlines and draining).
+functions of the row, and four markers in column 0 make it misbehave on purpose: ``-999`` raises
+``ValueError`` (the row's request should get 422), ``-998`` raises ``RuntimeError`` (500),
+``-1`` sleeps ``x[1]`` milliseconds (a slow batch, for deadlines and draining), and ``-2``
+holds its batch until the test opens gate ``x[1]`` (:func:`gated_row`, :func:`open_gate`).
 
 This module has a name of its own (not ``conftest``) so that test modules can import it whatever
 other conftest files the session loads.
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import httpx
 import joblib
@@ -49,6 +52,7 @@ PROBE_FEATURES = 4
 PROBE_SOURCE = '''
 """A deliberately misbehaving classifier for tailguard's HTTP tests (tests/http/http_harness.py)."""
 
+import os
 import time
 
 import numpy as np
@@ -57,6 +61,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 POISON = -999.0
 CRASH = -998.0
 SLOW = -1.0
+GATE = -2.0
+GATES = os.path.dirname(os.path.abspath(__file__))
 
 
 class ProbeClassifier(ClassifierMixin, BaseEstimator):
@@ -87,6 +93,11 @@ class ProbeClassifier(ClassifierMixin, BaseEstimator):
         pause = self.delay_s + float(X[X[:, 0] == SLOW, 1].sum()) / 1000.0
         if pause > 0:
             time.sleep(pause)
+        for gate in X[X[:, 0] == GATE, 1]:  # wait until the test opens the gate (at most 60 s)
+            path = os.path.join(GATES, f"gate-{int(gate)}")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.005)
         return self.classes_[labels]
 
     def predict_proba(self, X):
@@ -220,6 +231,58 @@ def file_model(path: Path, role: str = "primary") -> dict[str, Any]:
 # -- wire helpers --------------------------------------------------------------------------------
 
 
+def raw_exchange(port: int, head: bytes,
+                 chunks: Iterable[bytes] = ()) -> tuple[int, dict[str, str], bytes]:
+    """Send a hand-written HTTP/1.1 request (``head``, then each of ``chunks``) and read one
+    whole response (:func:`read_response`). A server that answers before the body is sent and
+    closes (a 413 for a body it refuses unread) may reset the upload: the answer is read all
+    the same, as HTTP clients do."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            for chunk in chunks:
+                sock.sendall(chunk)
+        return read_response(sock)
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Read one whole HTTP/1.1 response from ``sock``: status, headers (lowercase names) and
+    body (all ``Content-Length`` bytes, or every chunk, de-chunked). Fails the test if the
+    connection closes first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = sock.recv(65536)
+        assert more, f"connection closed before a response: {data!r}"
+        data += more
+    raw_head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = raw_head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines)}
+    if headers.get("transfer-encoding") == "chunked":
+        while not body.endswith(b"0\r\n\r\n"):
+            more = sock.recv(65536)
+            assert more, "connection closed mid-body"
+            body += more
+        body = dechunk(body)
+    else:
+        length = int(headers.get("content-length", "0"))
+        while len(body) < length:
+            more = sock.recv(65536)
+            assert more, "connection closed mid-body"
+            body += more
+    return int(status_line.split()[1]), headers, body
+
+
+def dechunk(raw: bytes) -> bytes:
+    """The payload of a complete chunked body."""
+    out = b""
+    while True:
+        size_line, _, raw = raw.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return out
+        out, raw = out + raw[:size], raw[size + 2:]
+
+
 def v2_body(x: np.ndarray, *, nested: bool = False, datatype: str = "FP64",
             **extra: Any) -> dict[str, Any]:
     """A v2 ``/infer`` body for ``x`` of shape ``(n_rows, n_features)``."""
@@ -297,6 +360,26 @@ def probe_rows(n: int, seed: int) -> np.ndarray:
 def slow_row(ms: float) -> np.ndarray:
     """One probe row that makes its batch sleep ``ms`` milliseconds."""
     return np.array([[-1.0, float(ms), 2.0, 3.0]])
+
+
+_GATES = itertools.count(1)
+
+
+def new_gate() -> int:
+    """A gate number not used before in this session (the gates live beside the probe
+    module, which lives as long as the session)."""
+    return next(_GATES)
+
+
+def gated_row(gate: int) -> np.ndarray:
+    """One probe row that holds its batch until :func:`open_gate` opens ``gate``
+    (from :func:`new_gate`)."""
+    return np.array([[-2.0, float(gate), 2.0, 3.0]])
+
+
+def open_gate(probe_module: tuple[ModuleType, Path], gate: int) -> None:
+    """Let the batches held by :func:`gated_row` ``(gate)`` finish."""
+    (probe_module[1] / f"gate-{gate}").touch()
 
 
 @contextlib.contextmanager

@@ -3,22 +3,26 @@ expected, and a bad request never hurts the good requests it arrives with."""
 
 from __future__ import annotations
 
+import gzip
 import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from http_harness import DIGITS_MAX_QUEUE, RuntimeServer, error_of, v1_body, v2_body, v2_outputs
+from http_harness import (DIGITS_MAX_QUEUE, RuntimeServer, error_of, raw_exchange, v1_body,
+                          v2_body, v2_outputs)
+from tailguard_runtime.protocol import max_valid_body_bytes
 
 V2 = "/v2/models/digits/infer"
 V1 = "/v1/models/digits:predict"
 N = 64  # digits features
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # RuntimeSettings.max_body_bytes; no config key sets it
+DIGITS_MAX_BODY = max_valid_body_bytes(64, DIGITS_MAX_QUEUE)
+"""The digits server's body limit: what its largest valid request can need (< 16 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,26 @@ def _raw_row(first: str) -> str:
     return "[" + ", ".join([first] + ["0"] * (N - 1)) + "]"
 
 
+def _deep(depth: int) -> Any:
+    """A list nested ``depth`` levels deep around 0."""
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 GOOD_ROW = [1.0] * N
+_GZ = gzip.compress(json.dumps({"instances": [GOOD_ROW]}).encode())
+
+
+def _gzip_flipped(from_end: int) -> bytes:
+    """:data:`_GZ` with one bit flipped ``from_end`` bytes before its end: 8 is its CRC-32,
+    4 its ISIZE (the trailer, RFC 1952)."""
+    raw = bytearray(_GZ)
+    raw[-from_end] ^= 1
+    return bytes(raw)
+
+
 BAD = [
     # unparseable bodies: 400
     Bad("malformed-json-v2", V2, b'{"inputs": [', 400, ("malformed JSON",)),
@@ -98,6 +121,29 @@ BAD = [
     Bad("non-string-id-v2", V2, _v2(id=7), 422, ("'id'",)),
     Bad("bad-parameters-timeout-v2", V2, _v2(parameters={"timeout": -5}), 422,
         ("parameters.timeout",)),
+    # accepted once, wrong: refused now
+    Bad("int64-beyond-2**53-v2", V2, _v2(datatype="INT64", data=[2**53 + 1] + [0] * (N - 1)), 422,
+        ("INT64", "2**53", "not rounded")),
+    Bad("int64-below-minus-2**53-v2", V2, _v2(datatype="INT64", data=[-(2**53) - 1] + [0] * (N - 1)),
+        422, ("2**53",)),
+    Bad("fp32-out-of-range-v2", V2, _v2(datatype="FP32", data=[1e300] + [0] * (N - 1)), 422,
+        ("FP32", "float32")),
+    Bad("outputs-empty-v2", V2, _v2(outputs=[]), 422, ("outputs", "empty", "predict_proba")),
+    # a value nested 255 deep (orjson writes at most 254 levels) inside the error's subject
+    Bad("nested-255-in-error-v2", V2, _v2(data=[{"a": _deep(255)}] + [0] * (N - 1)), 422,
+        ("must be numbers", "nested too deep")),
+    Bad("nested-255-in-error-v1", V1, json.dumps({"instances": [[{"a": _deep(255)}] + [0] * (N - 1)]}
+                                                 ).encode(), 422, ("must be numbers",)),
+    Bad("nested-255-datatype-v2", V2, _v2(datatype=_deep(255)), 422, ("datatype",)),
+    # Content-Encoding: one whole stream, checksum verified
+    *[Bad(f"gzip-{what}-v1", V1, body, 400, says, headers={"Content-Encoding": "gzip"})
+      for what, body, says in [
+          ("bad-crc", _gzip_flipped(8), ("gzip", "incorrect data check")),
+          ("bad-length", _gzip_flipped(4), ("gzip", "incorrect length check")),
+          ("trailing-junk", _GZ + b"junk", ("4 bytes follow the end",)),
+          ("second-member", _GZ + _GZ, ("second member",)),
+          ("truncated", _GZ[:-4], ("truncated",)),
+      ]],
     # bad deadline header: 400
     *[Bad(f"timeout-header-{v}", path, json.dumps(v1_body(np.zeros((1, N)))).encode()
           if path == V1 else _v2(), 400, ("X-Request-Timeout-Ms",),
@@ -144,55 +190,15 @@ def test_bad_request_gets_its_status_and_an_error_body(digits_server: RuntimeSer
         _assert_answer(bad, _send(client, bad))
 
 
-def _raw_exchange(port: int, head: bytes,
-                  chunks: Iterable[bytes] = ()) -> tuple[int, dict[str, str], bytes]:
-    """Send a hand-written HTTP/1.1 request and read one response (status, headers, body)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(head)
-        for chunk in chunks:
-            sock.sendall(chunk)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            more = sock.recv(65536)
-            assert more, f"connection closed before a response: {data!r}"
-            data += more
-        raw_head, _, body = data.partition(b"\r\n\r\n")
-        status_line, *lines = raw_head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines)}
-        if headers.get("transfer-encoding") == "chunked":
-            while not body.endswith(b"0\r\n\r\n"):
-                more = sock.recv(65536)
-                assert more, "connection closed mid-body"
-                body += more
-            body = _dechunk(body)
-        else:
-            length = int(headers.get("content-length", "0"))
-            while len(body) < length:
-                more = sock.recv(65536)
-                assert more, "connection closed mid-body"
-                body += more
-    return int(status_line.split()[1]), headers, body
-
-
-def _dechunk(raw: bytes) -> bytes:
-    out = b""
-    while True:
-        size_line, _, raw = raw.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            return out
-        out, raw = out + raw[:size], raw[size + 2:]
-
-
 def test_declared_body_over_the_limit_is_refused_unread(digits_server: RuntimeServer) -> None:
-    """A Content-Length over the 16 MiB default is refused at once: no body is ever sent."""
+    """A Content-Length over the limit is refused at once: no body is ever sent."""
     head = (f"POST {V2} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {DEFAULT_MAX_BODY + 1}\r\n\r\n").encode()
-    status, headers, body = _raw_exchange(digits_server.port, head)
+    status, headers, body = raw_exchange(digits_server.port, head)
     assert status == 413
     assert headers["content-type"].startswith("application/json")
     message = json.loads(body)["error"]
-    assert str(DEFAULT_MAX_BODY) in message
+    assert str(DIGITS_MAX_BODY) in message
 
 
 def test_chunked_body_over_the_limit_is_refused(digits_server: RuntimeServer) -> None:
@@ -201,10 +207,10 @@ def test_chunked_body_over_the_limit_is_refused(digits_server: RuntimeServer) ->
             "Transfer-Encoding: chunked\r\n\r\n").encode()
     piece = b" " * (1024 * 1024)
     chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * 17 + [b"0\r\n\r\n"]
-    status, headers, body = _raw_exchange(digits_server.port, head, chunks)
+    status, headers, body = raw_exchange(digits_server.port, head, chunks)
     assert status == 413
     assert headers["content-type"].startswith("application/json")
-    assert str(DEFAULT_MAX_BODY) in json.loads(body)["error"]
+    assert str(DIGITS_MAX_BODY) in json.loads(body)["error"]
 
 
 def test_bad_requests_never_hurt_their_batch_mates(
@@ -214,6 +220,10 @@ def test_bad_requests_never_hurt_their_batch_mates(
     answer, and every good one is answered correctly."""
     x_all = digits_data[0]
     goods = [x_all[i * 7:i * 7 + 1 + i % 5] for i in range(40)]
+    # offline answers first, in this thread: scikit-learn's predict in several threads at once
+    # can trip its own warning about joblib configuration, which warnings-as-errors turns
+    # into a failure of a good request
+    expected = [digits_model.predict(x) for x in goods]
 
     def good(i: int) -> None:
         x = goods[i]
@@ -221,11 +231,11 @@ def test_bad_requests_never_hurt_their_batch_mates(
             r = client.post(V2, json=v2_body(x, id=f"good-{i}"))
             assert r.status_code == 200, r.text
             assert r.json()["id"] == f"good-{i}"
-            np.testing.assert_array_equal(v2_outputs(r.json())["predict"], digits_model.predict(x))
+            np.testing.assert_array_equal(v2_outputs(r.json())["predict"], expected[i])
         else:
             r = client.post(V1, json=v1_body(x))
             assert r.status_code == 200, r.text
-            np.testing.assert_array_equal(r.json()["predictions"], digits_model.predict(x))
+            np.testing.assert_array_equal(r.json()["predictions"], expected[i])
 
     def bad(case: Bad) -> None:
         _assert_answer(case, _send(client, case))

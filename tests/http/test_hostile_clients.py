@@ -5,7 +5,9 @@ Each test tells the bug it pins down; the server is a real process over real HTT
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -13,7 +15,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from http_harness import RuntimeServer, batching, error_of, running_runtime
+from http_harness import (RuntimeServer, batching, error_of, labels, read_response,
+                          running_runtime, scrape)
 
 V1 = "/v1/models/iris:predict"
 ROW = [5.1, 3.5, 1.4, 0.2]
@@ -45,37 +48,44 @@ def test_waiting_for_batch_mates_never_costs_a_request_its_deadline(
 def test_a_dribbled_body_is_cut_off_at_the_deadline_and_not_counted_as_latency(
         waiting_server: RuntimeServer) -> None:
     """A client that uploads its body slowly once held its handler for as long as it liked,
-    and its upload time was recorded as the server's latency (a 10 s p99 from one client)."""
-    with socket.create_connection(("127.0.0.1", waiting_server.port), timeout=10) as sock:
-        sock.sendall(b"POST " + V1.encode() + b" HTTP/1.1\r\nHost: x\r\n"
-                     b"X-Request-Timeout-Ms: 300\r\nTransfer-Encoding: chunked\r\n\r\n")
-        started = time.monotonic()
-        answer = b""
-        for _ in range(40):  # one byte every 50 ms, for at most 2 s
+    and its upload time was recorded as the server's latency (a 10 s p99 from one client).
+
+    A thread dribbles one byte every 50 ms until the answer has been read whole (or for at
+    most 10 s); the reading side parses the whole response before any assertion."""
+    with waiting_server.client() as client:
+        before = scrape(client)
+    answered = threading.Event()
+
+    def dribble(sock: socket.socket) -> None:
+        deadline = time.monotonic() + 10
+        while not answered.wait(0.05) and time.monotonic() < deadline:
             try:
                 sock.sendall(b"1\r\n \r\n")
             except OSError:
-                break
-            sock.settimeout(0.05)
-            try:
-                answer += sock.recv(4096)
-            except TimeoutError:
-                continue
-            if answer:
-                break
-        sock.settimeout(5)
-        while b"}" not in answer:  # headers and body may come in separate segments
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            answer += chunk
-    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-    assert b"did not arrive within" in answer
-    assert time.monotonic() - started < 2.0
+                return
+
+    with socket.create_connection(("127.0.0.1", waiting_server.port), timeout=30) as sock:
+        sock.sendall(b"POST " + V1.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"X-Request-Timeout-Ms: 300\r\nTransfer-Encoding: chunked\r\n\r\n")
+        started = time.monotonic()
+        dribbler = threading.Thread(target=dribble, args=(sock,), name="dribbler")
+        dribbler.start()
+        try:
+            status, headers, body = read_response(sock)
+            elapsed = time.monotonic() - started
+        finally:
+            answered.set()
+            dribbler.join(timeout=30)
+    assert status == 408, body
+    assert headers["content-type"] == "application/json"
+    assert "did not arrive within" in json.loads(body)["error"]
+    assert elapsed < 5.0  # the deadline is 300 ms; the dribble alone would go on for 10 s
     with waiting_server.client() as client:
-        stats = client.get("/tailguard/stats").json()["models"]["primary"]
-    assert stats["rejected"].get("slow_body") == 1
-    assert stats["p99Ms"] is None or stats["p99Ms"] < 1000
+        after = scrape(client)
+    slow_body = ("tailguard_rejections_total", labels("iris", reason="slow_body"))
+    assert after[slow_body] - before[slow_body] == 1
+    latencies = ("tailguard_request_duration_seconds_count", labels("iris"))
+    assert after[latencies] == before[latencies]  # no latency recorded for it
 
 
 @pytest.mark.parametrize("depth", [3, 800, 1000])
@@ -116,13 +126,17 @@ def test_health_answers_head_probes(waiting_server: RuntimeServer) -> None:
 def test_a_huge_body_with_the_wrong_count_is_refused_before_conversion(
         waiting_server: RuntimeServer) -> None:
     """Bodies whose data cannot match their shape were converted in full first, stalling every
-    other request for hundreds of ms; the count is now checked before any conversion."""
-    data = np.zeros(400_000).tolist()
+    other request for hundreds of ms; the count is now checked before any conversion. (Bodies
+    larger than any valid request are refused unread: see test_availability.py.)"""
+    data = np.zeros(15_000).tolist()
     body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": data}]}
     with waiting_server.client() as client:
         reply = client.post("/v2/models/iris/infer", json=body)
+        huge = client.post("/v2/models/iris/infer", json={"inputs": [
+            {**body["inputs"][0], "data": np.zeros(400_000).tolist()}]})
     assert reply.status_code == 422
-    assert "needs 4 values, data has 400000" in error_of(reply)
+    assert "needs 4 values, data has 15000" in error_of(reply)
+    assert huge.status_code == 413 and "largest valid request" in error_of(huge)
 
 
 def test_the_server_is_healthy_after_all_that(waiting_server: RuntimeServer,

@@ -15,13 +15,15 @@ import httpx
 import numpy as np
 import pytest
 
-from http_harness import (Labels, RuntimeServer, batching, labels, metric_families, probe_rows,
-                         probe_runtime, scrape, slow_row, v1_body, v2_body)
+from http_harness import (Labels, RuntimeServer, batching, gated_row, labels, metric_families,
+                          new_gate, open_gate, probe_rows, probe_runtime, scrape, v1_body, v2_body)
 
 NAME = "metered"
 V1 = f"/v1/models/{NAME}:predict"
 V2 = f"/v2/models/{NAME}/infer"
 MAX_QUEUE = 16
+HOLD_S = 0.8
+"""How long the held batch of the traffic test runs at least, in seconds: past the 0.75 s bucket."""
 
 FAMILIES = {
     "tailguard_request_duration_seconds": "histogram",
@@ -80,7 +82,7 @@ def test_fresh_server_exports_every_metric_at_zero(metered: tuple[RuntimeServer,
     assert bounds[0] <= 0.001 and sum(b <= 0.005 for b in bounds) >= 4
 
 
-def _poll(client: httpx.Client, want: dict[str, float], timeout_s: float = 5.0) -> None:
+def _poll(client: httpx.Client, want: dict[str, float], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         samples = scrape(client)
@@ -91,7 +93,8 @@ def _poll(client: httpx.Client, want: dict[str, float], timeout_s: float = 5.0) 
         time.sleep(0.02)
 
 
-def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, Any]) -> None:
+def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, Any],
+                                                  probe_module: tuple[ModuleType, Path]) -> None:
     server, model = metered
     goods = [probe_rows(n, seed=n * 10 + i) for i, n in enumerate((1, 2, 3, 1, 2))]
     with server.client(limits=httpx.Limits(max_connections=8)) as client:
@@ -104,10 +107,13 @@ def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, 
         assert client.post(V1, json=v1_body(goods[0]),
                            headers={"X-Request-Timeout-Ms": "soon"}).status_code == 400
 
-        # while a slow batch computes, a 3-row request waits: both gauges see it, in their units
+        # while a held batch computes, a 3-row request waits: both gauges see it, in their
+        # units. The batch is held by a gate, not a sleep, so the gauges are read while it
+        # computes however slowly the machine runs; it is held at least HOLD_S once it runs.
         box: dict[str, httpx.Response] = {}
+        gate = new_gate()
         slow = threading.Thread(target=lambda: box.__setitem__(
-            "slow", client.post(V1, json=v1_body(slow_row(800)))))
+            "slow", client.post(V1, json=v1_body(gated_row(gate)))))
         slow.start()
         _poll(client, {"tailguard_in_flight_requests": 1, "tailguard_queue_depth": 0})
         waiting = probe_rows(3, seed=77)
@@ -115,6 +121,8 @@ def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, 
             "queued", client.post(V1, json=v1_body(waiting))))
         queued.start()
         _poll(client, {"tailguard_in_flight_requests": 2, "tailguard_queue_depth": 3})
+        time.sleep(HOLD_S)  # rows wait in the queue, so the held batch runs: hold it HOLD_S more
+        open_gate(probe_module, gate)
         slow.join(timeout=30)
         queued.join(timeout=30)
         assert box["slow"].status_code == 200 and box["queued"].status_code == 200
@@ -140,8 +148,8 @@ def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, 
     assert delta("tailguard_batch_size_rows_sum", _key()) == rows
     assert delta("tailguard_batch_duration_seconds_count", _key()) == \
         delta("tailguard_batch_size_rows_count", _key())
-    # the slow batch alone took 0.8 s
-    assert delta("tailguard_batch_duration_seconds_sum", _key()) >= 0.8
+    # the held batch alone took HOLD_S
+    assert delta("tailguard_batch_duration_seconds_sum", _key()) >= HOLD_S
     assert after[("tailguard_queue_depth", _key())] == 0
     assert after[("tailguard_in_flight_requests", _key())] == 0
     # the fallback took no traffic
@@ -154,13 +162,13 @@ def test_counters_gauges_and_stats_follow_traffic(metered: tuple[RuntimeServer, 
     for p in ("p50Ms", "p95Ms", "p99Ms"):
         assert isinstance(primary[p], (int, float))
     assert primary["p50Ms"] <= primary["p95Ms"] <= primary["p99Ms"]
-    # the slow request is among the samples: above the 0.75 s bucket. (Not "p99Ms >= 800": over
+    # the held request is among the samples: above the 0.75 s bucket. (Not "p99Ms >= 800": over
     # 7 samples np.percentile interpolates 0.94 * slowest + 0.06 * next, under 800 ms whenever
-    # the queued request arrived late in the slow batch.)
+    # the queued request arrived late in the held batch.)
     histogram = primary["latencyHistogram"]
     above = histogram["bucketsSeconds"].index(0.75)
     assert histogram["counts"][above] < primary["samples"]
-    assert primary["p99Ms"] >= 0.94 * 800
+    assert primary["p99Ms"] >= 0.94 * HOLD_S * 1000
     assert primary["rejected"] == {"invalid_input": 2, "too_large": 1}
     assert primary["rejectedTotal"] == 3
     assert primary["errors"] == 0 and primary["errorRate"] == 0

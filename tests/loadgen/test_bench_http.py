@@ -254,5 +254,7 @@ def test_another_host_only_when_named_and_bad_arguments_are_one_line() -> None:
     code, _, err = bench("http://127.0.0.1:9/v2/models/x", "--rate", "fast")
     assert code == 2 and err == ("tailguard bench: --rate 'fast': expected R or A:B:STEP in "
                                  "requests per second\n")
+    code, _, err = bench("http://127.0.0.1:9/v2/models/x", "--rate", "5", "--duration", "0")
+    assert code == 2 and err == "tailguard bench: --duration must be > 0, got 0.0\n"
     code, _, err = bench("http://127.0.0.1:9/predict", "--concurrency", "2")
     assert code == 1 and "expected http://HOST:PORT/v2/models/NAME" in err

@@ -93,8 +93,8 @@ def test_a_sweep_reports_the_last_rate_that_held_before_the_first_that_did_not()
     assert (v.rate_at_slo, v.stopped_at) == (100, 200) and "invalid run" in v.reason
 
 
-def test_bounds_refuse_nonsense() -> None:
-    with pytest.raises(ValueError):
+def test_bounds_refuse_nonsense_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="^duration_s must be > 0, got 0$"):
         Bounds(duration_s=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^max_connections must be >= 1, got 0$"):
         Bounds(max_connections=0)

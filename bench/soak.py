@@ -1,0 +1,545 @@
+"""A bounded soak: the hostile mix of issue 9 beside a good client, against a real runtime.
+
+    .venv/bin/python bench/soak.py                    # about 3 minutes
+    .venv/bin/python bench/soak.py --duration 30 --ab-rounds 0
+
+What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
+
+1. Starts ``tailguard-runtime`` for ``examples/digits.yaml`` (200-tree forest, SLO p99 50 ms,
+   ``maxQueueSize`` 512) pinned to core 0 (``taskset -c 0``), with a soft limit of 1,024
+   descriptors as in the report (the runtime raises it to the hard limit; ``--hard-fd-limit``
+   caps that at 1,024 too, so the connection cap of 768 is what holds). This script and its load processes keep to core 1.
+2. Calibrates: the good client (:func:`openloop`, one digits row per v2 request) at rising
+   rates; the service's rate at SLO is the highest whose p99 stays within the SLO with every
+   answer 200. The good rate is half of it.
+3. The good client alone at that rate for ``--duration`` seconds: its p99 alone.
+4. The same beside the hostile mix for ``--duration`` seconds: 5 connections pipelining 13 MB of
+   health probes each without reading (4 KiB receive buffer), 2 clients posting 16 KB gzip
+   bodies that inflate to 16 MiB, 1 posting 512 rows padded to 16 MiB, 200 idle sockets, 1,500
+   sockets sending one header line every 5 s, 20 bodies sent one byte a second, and 59 requests
+   a second holding ``1e300`` (poison for a float32 forest). Meanwhile: the server's RSS every
+   0.25 s, and a health probe on a new connection every 0.5 s.
+5. Unless ``--ab-rounds 0``: req/s at 64 clients (``bench/loadgen.py``, the README's reference
+   model and settings) of the runtime before this change (``--before`` git ref, exported with
+   ``git archive``) and after it (this tree), alternating ABAB..., same cores.
+
+Prints one JSON report and the pass/fail of each bound: good p99 within twice its p99 alone and
+within the SLO, RSS under 1 GiB, every health probe under 1 s, every good request answered
+(200, or 429 refused before admission: nothing admitted left unanswered), and after/before
+req/s at 64 clients at least 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import httpx
+import yaml
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PYTHON = sys.executable
+SERVER_CPU, LOAD_CPU = 0, 1
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def log(message: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def digits_config() -> dict[str, Any]:
+    """The runtime config ``tailguard up examples/digits.yaml`` serves."""
+    spec = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())["spec"]
+    return {"name": "digits",
+            "models": [{"role": "primary", "uri": spec["model"]["uri"]},
+                       {"role": "fallback", "uri": spec["fallback"]["uri"]}],
+            "batching": spec["batching"], "slo": spec["slo"]}
+
+
+def _limit_fds() -> None:
+    """A soft open-file limit of 1,024 (the hard one stays), as systemd and many container
+    runtimes set it; ``--hard-fd-limit`` makes the hard limit 1,024 too."""
+    hard = 1024 if HARD_FD_LIMIT else resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+
+HARD_FD_LIMIT = False
+
+
+@contextlib.contextmanager
+def runtime(config: dict[str, Any], workdir: Path, pythonpath: str | None = None,
+            fd_limit: bool = False) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Start a runtime on core 0; yield the process and its base URL; SIGTERM it (by PID)."""
+    port = free_port()
+    path = workdir / f"config-{port}.json"
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, PYTHONPATH=pythonpath or os.environ.get("PYTHONPATH", ""))
+    argv = ["taskset", "-c", str(SERVER_CPU), PYTHON, "-m", "tailguard_runtime", "--config",
+            str(path), "--host", "127.0.0.1", "--port", str(port), "--log-level", os.environ.get("SOAK_LOG_LEVEL", "WARNING")]
+    logfile = open(workdir / f"server-{port}.log", "wb")
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile,
+                            env=env, preexec_fn=_limit_fds if fd_limit else None)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"runtime did not start: {(workdir / f'server-{port}.log').read_text()[-800:]}")
+            time.sleep(0.2)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        logfile.close()
+
+
+def good_client(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+    """:func:`openloop` in its own process (the hostile threads of this one share its GIL)."""
+    argv = [PYTHON, str(Path(__file__).resolve()), "--good-client", url, "--rate",
+            str(rate), "--duration", str(duration_s)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"good client failed: {done.stderr[-500:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+    """The good client: one digits row per v2 request, sent on a fixed schedule of ``rate``
+    req/s for ``duration_s`` s over keep-alive connections (a new one only when every open one
+    is waiting), at most 256 in flight. Returns ``sent``, ``skipped`` (in-flight cap),
+    ``codes`` (0: no answer within 5 s or a dropped connection), and p50/p99 of 200s in ms."""
+    import asyncio
+
+    from tailguard_runtime.models import load_dataset
+
+    x, _ = load_dataset("digits")
+    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    bodies = [json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP64",
+                                      "data": row.tolist()}]}).encode() for row in x[:256]]
+    requests = [b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies]
+    codes: dict[str, int] = {}
+    latencies: list[float] = []
+    skipped = 0
+
+    async def exchange(pool: list[Any], request: bytes) -> None:
+        started = time.perf_counter()
+        code = 0
+        conn = pool.pop() if pool else None
+        try:
+            if conn is None:
+                conn = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
+            reader, writer = conn
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await asyncio.wait_for(reader.readexactly(length), 5)
+            code = int(head.split(b" ", 2)[1])
+            if b"connection: close" in head.lower():
+                writer.close()
+            else:
+                pool.append(conn)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError,
+                IndexError):
+            if conn is not None:
+                conn[1].close()
+        codes[str(code)] = codes.get(str(code), 0) + 1
+        if code == 200:
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    async def schedule() -> None:
+        nonlocal skipped
+        pool: list[Any] = []
+        tasks: set[asyncio.Task[None]] = set()
+        start = time.perf_counter()
+        for i in range(int(rate * duration_s)):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(tasks) >= 256:
+                skipped += 1
+                continue
+            task = asyncio.ensure_future(exchange(pool, requests[i % len(requests)]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=20)
+        for _, writer in pool:
+            writer.close()
+
+    asyncio.run(schedule())
+    latencies.sort()
+
+    def pct(q: float) -> float | None:
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2) \
+            if latencies else None
+
+    return {"sent": sum(codes.values()), "skipped": skipped, "codes": codes,
+            "p50Ms": pct(0.5), "p99Ms": pct(0.99)}
+
+
+def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -> float:
+    """The highest of ``rates`` (req/s) served with p99 within ``slo_ms`` and only 200s."""
+    best = rates[0]
+    for rate in rates:
+        report = good_client(url, rate, seconds)
+        log(f"calibrate {rate:.0f} req/s: p99 {report['p99Ms']} ms, codes {report['codes']}")
+        ok = set(report["codes"]) == {"200"} and (report["p99Ms"] or 1e9) <= slo_ms
+        if not ok:
+            break
+        best = rate
+    return best
+
+
+# -- the hostile mix ------------------------------------------------------------------------------
+
+
+class Hostile:
+    """Every hostile client of issue 9, in threads, until :meth:`stop`. Counts what it did."""
+
+    def __init__(self, url: str, port: int, n_features: int) -> None:
+        self.url, self.port, self.n_features = url, port, n_features
+        self.done = threading.Event()
+        self.counts: dict[str, int] = {}
+        self.lock = threading.Lock()
+        row = b"[" + b",".join([b"0"] * n_features) + b"]"
+        raw = b'{"instances":[' + b",".join([row] * (16 * 1024 * 1024 // (len(row) + 1))) + b"]}"
+        self.bomb = gzip.compress(raw, 9)
+        rows = json.dumps({"instances": [[0.0] * n_features] * 512}).encode()
+        self.padded = rows[:-1] + b" " * (16 * 1024 * 1024 - len(rows)) + b"}"
+        poison_row = [0.0] * n_features
+        poison_row[3] = 1e300
+        self.poison = json.dumps({"instances": [poison_row]}).encode()
+        self.threads = [threading.Thread(target=t, daemon=True) for t in (
+            self._pipeliners, self._bombs, self._bombs, self._padded, self._sockets,
+            self._poison)]
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[key] = self.counts.get(key, 0) + n
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+    def _connect(self, rcvbuf: int | None = None) -> socket.socket | None:
+        sock = socket.socket()
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.settimeout(2)
+        try:
+            sock.connect(("127.0.0.1", self.port))
+        except OSError:
+            sock.close()
+            return None
+        sock.setblocking(False)
+        return sock
+
+    def _pipeliners(self) -> None:
+        payload = LIVE * (1024 * 1024 // len(LIVE))
+        socks: list[list[Any]] = []  # [socket, bytes sent]
+        while not self.done.is_set():
+            while len(socks) < 5:
+                sock = self._connect(rcvbuf=4096)
+                if sock is None:
+                    break
+                socks.append([sock, 0])
+                self.count("pipeline_connections")
+            for entry in list(socks):
+                sock, sent = entry
+                if sent >= 13 * len(payload):
+                    continue
+                try:
+                    n = sock.send(payload[sent % len(payload):])
+                    entry[1] += n
+                    self.count("pipeline_bytes", n)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    sock.close()
+                    socks.remove(entry)
+                    self.count("pipeline_closed_by_server")
+            time.sleep(0.01)
+        for sock, _ in socks:
+            sock.close()
+
+    def _post_loop(self, body: bytes, headers: dict[str, str], key: str) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self.done.is_set():
+                try:
+                    reply = client.post("/v1/models/digits:predict", content=body, headers=headers)
+                    self.count(f"{key}_{reply.status_code}")
+                except httpx.HTTPError as exc:
+                    self.count(f"{key}_{type(exc).__name__}")
+
+    def _bombs(self) -> None:
+        self._post_loop(self.bomb, {"Content-Encoding": "gzip"}, "gzip_bomb")
+
+    def _padded(self) -> None:
+        self._post_loop(self.padded, {}, "padded_16MiB")
+
+    def _poison(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            start = time.monotonic()
+            i = 0
+            while not self.done.is_set():
+                at = start + i / 59.0
+                if at > time.monotonic():
+                    time.sleep(at - time.monotonic())
+                i += 1
+                try:
+                    self.count(f"poison_{client.post('/v1/models/digits:predict', content=self.poison).status_code}")
+                except httpx.HTTPError as exc:
+                    self.count(f"poison_{type(exc).__name__}")
+
+    def _sockets(self) -> None:
+        """200 idle, 1,500 half-sent heads (a line every 5 s), 20 bodies at a byte a second;
+        each reopened when the server closes it."""
+        kinds = {"idle": 200, "half_head": 1500, "slow_body": 20}
+        live: dict[str, list[list[Any]]] = {k: [] for k in kinds}  # [socket, next send time]
+        while not self.done.is_set():
+            now = time.monotonic()
+            for kind, want in kinds.items():
+                opened = 0
+                while len(live[kind]) < want and opened < 100:
+                    sock = self._connect()
+                    opened += 1
+                    if sock is None:
+                        self.count(f"{kind}_connect_failed")
+                        break
+                    with contextlib.suppress(OSError):
+                        if kind == "half_head":
+                            sock.send(b"GET /v2/health/live HTTP/1.1\r\n")
+                        elif kind == "slow_body":
+                            sock.send(b"POST /v1/models/digits:predict HTTP/1.1\r\nHost: x\r\n"
+                                      b"Content-Length: 100000\r\n\r\n")
+                    live[kind].append([sock, now + (5 if kind == "half_head" else 1)])
+                    self.count(f"{kind}_opened")
+                for entry in list(live[kind]):
+                    sock, due = entry
+                    try:
+                        if sock.recv(4096) == b"":
+                            raise ConnectionResetError
+                        raise ConnectionResetError  # any answer means the server gave up on it
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        sock.close()
+                        live[kind].remove(entry)
+                        self.count(f"{kind}_closed_by_server")
+                        continue
+                    if kind != "idle" and now >= due:
+                        with contextlib.suppress(OSError):
+                            sock.send(b"X-Slow: 1\r\n" if kind == "half_head" else b" ")
+                        entry[1] = now + (5 if kind == "half_head" else 1)
+            time.sleep(0.1)
+        for entries in live.values():
+            for sock, _ in entries:
+                sock.close()
+
+
+class Watch:
+    """The server's RSS every 0.25 s and a health probe on a new connection every 0.5 s."""
+
+    def __init__(self, pid: int, url: str) -> None:
+        self.pid, self.url = pid, url
+        self.rss_mib: list[float] = []
+        self.probe_s: list[float] = []
+        self.probe_failures: list[str] = []
+        self.done = threading.Event()
+        self.threads = [threading.Thread(target=self._rss, daemon=True),
+                        threading.Thread(target=self._probe, daemon=True)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+    def _rss(self) -> None:
+        while not self.done.wait(0.25):
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.rss_mib.append(int(line.split()[1]) / 1024)
+
+    def _probe(self) -> None:
+        while not self.done.wait(0.5):
+            started = time.monotonic()
+            try:
+                code = httpx.get(self.url + "/v2/health/live", timeout=5).status_code
+                self.probe_s.append(time.monotonic() - started)
+                if code != 200:
+                    self.probe_failures.append(str(code))
+            except httpx.HTTPError as exc:
+                self.probe_s.append(time.monotonic() - started)
+                self.probe_failures.append(type(exc).__name__)
+
+
+# -- before/after at 64 clients -------------------------------------------------------------------
+
+
+def export_before(ref: str, into: Path) -> Path:
+    """``runtime/tailguard_runtime`` at git ``ref``, exported into ``into``; its parent dir."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "runtime/tailguard_runtime"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "runtime"
+
+
+def loadgen(url: str, clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
+    argv = [PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--format", "v2", "--clients",
+            str(clients), "--duration", str(duration_s), "--warmup", str(warmup_s),
+            "--hard-timeout", str(duration_s + warmup_s + 15)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + warmup_s + 40)
+    if done.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {done.stderr[-500:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def before_after(workdir: Path, before_ref: str, rounds: int, seconds: float) -> dict[str, Any]:
+    sys.path.insert(0, str(BENCH))
+    from refmodel import write_model
+
+    model = write_model(workdir / "ref.joblib")
+    config = {"name": "ref", "models": [{"role": "primary", "uri": model.as_uri()}],
+              "batching": {"maxBatchSize": 64, "maxWaitMs": 0, "maxQueueSize": 1024,
+                           "timeoutMs": 5000}}
+    before_path = str(export_before(before_ref, workdir))
+    after_path = str(REPO / "runtime")
+    results: dict[str, list[float]] = {"before": [], "after": []}
+    with runtime(config, workdir, before_path) as (_, before_url), \
+            runtime(config, workdir, after_path) as (_, after_url):
+        for i in range(rounds):
+            for name, url in (("before", before_url), ("after", after_url))[::1 if i % 2 == 0 else -1]:
+                report = loadgen(url + "/v2/models/ref/infer", 64, seconds, 2.0)
+                results[name].append(report["req_per_s"])
+                log(f"64 clients {name}: {report['req_per_s']:.0f} req/s p99 {report['p99_ms']:.1f} ms")
+    before, after = statistics.median(results["before"]), statistics.median(results["after"])
+    return {"before_req_s": results["before"], "after_req_s": results["after"],
+            "median_before": before, "median_after": after, "ratio": round(after / before, 3)}
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=60.0,
+                        help="seconds of the good client alone, then beside the hostile mix")
+    parser.add_argument("--rates", default="100,200,400,700,1000,1400",
+                        help="calibration rates, req/s")
+    parser.add_argument("--calibrate-seconds", type=float, default=4.0)
+    parser.add_argument("--ab-rounds", type=int, default=3,
+                        help="before/after pairs at 64 clients (0: skip)")
+    parser.add_argument("--ab-seconds", type=float, default=6.0)
+    parser.add_argument("--before", default="main", help="git ref of the runtime before")
+    parser.add_argument("--hard-fd-limit", action="store_true",
+                        help="also cap the server's hard open-file limit at 1,024")
+    parser.add_argument("--good-client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.good_client:
+        print(json.dumps(openloop(args.good_client, args.rate, args.duration)))
+        return 0
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        raise SystemExit("soak: needs taskset and 2 cores")
+    global HARD_FD_LIMIT
+    HARD_FD_LIMIT = args.hard_fd_limit
+    os.sched_setaffinity(0, {LOAD_CPU})
+    resource.setrlimit(resource.RLIMIT_NOFILE, (8192, max(8192, resource.getrlimit(
+        resource.RLIMIT_NOFILE)[1])))
+    report: dict[str, Any] = {"load_average_start": load_average()}
+    config = digits_config()
+    slo_ms = float(config["slo"]["p99LatencyMs"])
+    with tempfile.TemporaryDirectory(prefix="tailguard-soak-") as tmp:
+        workdir = Path(tmp)
+        with runtime(config, workdir, str(REPO / "runtime"), fd_limit=True) as (proc, url):
+            rates = [float(r) for r in args.rates.split(",")]
+            service = calibrate(url, slo_ms, rates, args.calibrate_seconds)
+            good_rate = service / 2
+            report.update(service_rate_at_slo=service, good_rate=good_rate)
+            log(f"good client at {good_rate:.0f} req/s, alone")
+            report["alone"] = good_client(url, good_rate, args.duration)
+            log(f"alone: {report['alone']}")
+            hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64)
+            watch = Watch(proc.pid, url)
+            watch.start()
+            hostile.start()
+            time.sleep(2.0)  # let the mix build up
+            log("good client beside the hostile mix")
+            try:
+                report["hostile"] = good_client(url, good_rate, args.duration)
+            finally:
+                hostile.stop()
+                watch.stop()
+            report["hostile_counts"] = hostile.counts
+            report["rss_max_mib"] = round(max(watch.rss_mib, default=0.0), 1)
+            report["health_max_s"] = round(max(watch.probe_s, default=0.0), 3)
+            report["health_failures"] = watch.probe_failures
+            log(f"hostile: {report['hostile']}")
+        if args.ab_rounds:
+            report["req_s_64_clients"] = before_after(workdir, args.before, args.ab_rounds,
+                                                      args.ab_seconds)
+    report["load_average_end"] = load_average()
+    alone, beside = report["alone"], report["hostile"]
+    unanswered = sum(n for code, n in beside["codes"].items() if code not in ("200", "429"))
+    checks = {
+        "p99 within 2x alone": (beside["p99Ms"] or 1e9) <= 2 * (alone["p99Ms"] or 0),
+        "p99 within SLO": (beside["p99Ms"] or 1e9) <= slo_ms,
+        "RSS under 1 GiB": report["rss_max_mib"] < 1024,
+        "health probes under 1 s": report["health_max_s"] < 1.0 and not report["health_failures"],
+        "no admitted request unanswered": unanswered == 0 and beside["skipped"] == 0,
+    }
+    if "req_s_64_clients" in report:
+        checks["req/s at 64 clients >= 95% of before"] = report["req_s_64_clients"]["ratio"] >= 0.95
+    report["checks"] = checks
+    print(json.dumps(report, indent=2))
+    for name, ok in checks.items():
+        log(f"{'PASS' if ok else 'FAIL'} {name}")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Per-connection bounds: what one client may hold open, parsed or unanswered.
+
+uvicorn's httptools protocol (``uvicorn/protocols/http/httptools_impl.py``, read at 0.54) parses
+every request in whatever it reads, queues pipelined ones without limit, arms its keep-alive
+timer only after a first response, and has no timeout for a request's head or body. So one
+client could hold memory (pipelined requests it never reads), and many could hold every file
+descriptor (sockets that send nothing, or one header line at a time). :func:`bounded_protocol`
+builds a subclass that adds, per connection:
+
+* an idle timeout from the moment of connecting (uvicorn's keep-alive timeout, seconds);
+* a deadline for a request's head (``request_head_timeout_s`` from its first byte) and for its
+  body (``request_body_timeout_s`` from the end of its head): 408 and close;
+* at most ``max_pipelined`` parsed and unanswered requests; past that, the rest of what was
+  read is held unparsed and reading pauses until answers go out;
+* a deadline for a client that does not read its answers (``send_stall_timeout_s`` while the
+  write buffer stays above its high-water mark): close;
+
+and, per process, a cap of ``max_connections`` open connections: a connection past the cap
+evicts the one that has been idle longest (no request in progress, or a head still incomplete;
+those that never completed a request first), or is refused with 503 when every connection
+has a request in progress. :func:`raise_fd_limit` lifts the soft open-file limit first, so the
+cap is rarely what holds. What to serve is left
+to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+from .http11 import JsonHttpProtocol
+from .settings import ConnectionSettings
+
+logger = logging.getLogger(__name__)
+
+FEED_SLICE_BYTES = 4096
+"""Bytes handed to the HTTP parser at a time when more arrived at once, so that pipelined
+requests are counted as they are parsed (one 4 KiB slice holds at most about 200)."""
+
+RESERVED_FDS = 128
+"""File descriptors kept out of the connection cap at least: the listener, model files, logs,
+pipes. A quarter of the limit is kept when that is more: the event loop accepts every pending
+connection in one go before the connections evicted for them release their descriptors, and
+at the limit libuv drops pending connections, good ones included."""
+
+MAX_DEFAULT_CONNECTIONS = 16384
+
+
+def default_max_connections() -> int:
+    """The process's soft open-file limit less :data:`RESERVED_FDS` or a quarter of it,
+    whichever is more (at least 16, at most :data:`MAX_DEFAULT_CONNECTIONS`); 768 for the common
+    limit of 1,024. Past the limit, ``accept`` fails with EMFILE for everyone."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_DEFAULT_CONNECTIONS
+    return max(16, min(MAX_DEFAULT_CONNECTIONS, soft - max(RESERVED_FDS, soft // 4)))
+
+
+def raise_fd_limit(most: int = 65536) -> int:
+    """Raise the soft open-file limit to the hard limit (at most ``most``), as Go's runtime does
+    since 1.19: the soft default of 1,024 (systemd, many container runtimes) is a
+    compatibility setting for ``select()``, which the event loop does not use. Returns the soft
+    limit now in force; leaves it as it is if it cannot be raised.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = most if hard == resource.RLIM_INFINITY else min(hard, most)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            logger.warning("cannot raise the open-file limit from %d to %d", soft, target)
+    return soft
+
+
+def raw_error(status: int, reason: str, message: str, extra: bytes = b"") -> bytes:
+    """A complete ``Connection: close`` HTTP/1.1 response with the protocol's error body."""
+    body = b'{"error":"' + message.encode("ascii") + b'"}'
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"%scontent-length: %d\r\n\r\n%s" % (status, reason.encode("ascii"), extra,
+                                                 len(body), body))
+
+
+def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
+    """A subclass of :class:`~tailguard_runtime.http11.JsonHttpProtocol` (uvicorn's httptools
+    protocol with JSON errors for malformed HTTP) enforcing ``settings`` (pass it as uvicorn's
+    ``Config.http``). Timeouts are in seconds; ``settings.max_connections`` ``None`` means
+    :func:`default_max_connections`."""
+    max_connections = settings.max_connections or default_max_connections()
+    head_timeout_s = settings.request_head_timeout_s
+    body_timeout_s = settings.request_body_timeout_s
+    stall_timeout_s = settings.send_stall_timeout_s
+    max_pipelined = settings.max_pipelined
+    head_408 = raw_error(408, "Request Timeout",
+                         f"request head not complete within {head_timeout_s:g} s")
+    body_408 = raw_error(408, "Request Timeout",
+                         f"request body not complete within {body_timeout_s:g} s")
+    full_503 = raw_error(503, "Service Unavailable",
+                         f"too many open connections ({max_connections}), all of them busy",
+                         b"retry-after: 1\r\n")
+
+    fresh: dict[BoundedHttpToolsProtocol, None] = {}
+    """Idle connections that never completed a request, longest idle first (dicts keep
+    order): evicted first, so sockets that never send a whole request cannot push out the
+    connections of clients that do."""
+    served: dict[BoundedHttpToolsProtocol, None] = {}
+    """Idle connections that have completed a request, longest idle first."""
+
+    class BoundedHttpToolsProtocol(JsonHttpProtocol):
+        """uvicorn's httptools protocol with the bounds of :mod:`tailguard_runtime.connections`."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._held = b""
+            self._served = False
+            self._head_timer: asyncio.TimerHandle | None = None
+            self._body_timer: asyncio.TimerHandle | None = None
+            self._stall_timer: asyncio.TimerHandle | None = None
+
+        # -- connections ---------------------------------------------------------------------
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._mark_idle()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            if len(self.connections) > max_connections:
+                self._make_room()
+
+        def _mark_idle(self) -> None:
+            """Queue this connection for eviction, behind those idle longer."""
+            self._unmark_idle()
+            (served if self._served else fresh)[self] = None
+
+        def _unmark_idle(self) -> None:
+            fresh.pop(self, None)
+            served.pop(self, None)
+
+        def _idle(self) -> bool:
+            """No request whose head is complete is waiting for its answer."""
+            cycle = self.cycle
+            return (cycle is None or cycle.response_complete) and not self.pipeline
+
+        def _make_room(self) -> None:
+            victim = None
+            for order in (fresh, served):
+                while order and victim is None:
+                    candidate = next(iter(order))
+                    del order[candidate]
+                    if candidate is not self and candidate._idle() \
+                            and not candidate.transport.is_closing():
+                        victim = candidate
+            if victim is not None:
+                logger.info("connection cap %d reached: closing the longest idle connection",
+                            max_connections)
+                victim.transport.close()
+            else:
+                logger.warning("connection cap %d reached, every connection busy: refusing",
+                               max_connections)
+                self.transport.write(full_503)
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._unmark_idle()
+            self._cancel_timers()
+            self._held = b""
+            super().connection_lost(exc)
+
+        def _cancel_timers(self) -> None:
+            for timer in (self._head_timer, self._body_timer, self._stall_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._head_timer = self._body_timer = self._stall_timer = None
+
+        # -- reading, with at most max_pipelined requests parsed and unanswered ---------------
+
+        def data_received(self, data: bytes) -> None:
+            if self._held:
+                data, self._held = self._held + data, b""
+            self._feed(data)
+
+        def _feed(self, data: bytes) -> None:
+            if len(self.pipeline) >= max_pipelined:
+                self._held = data
+                self.flow.pause_reading()
+                return
+            if len(data) <= FEED_SLICE_BYTES:
+                super().data_received(data)
+                return
+            view = memoryview(data)
+            for start in range(0, len(data), FEED_SLICE_BYTES):
+                if self.parser is None or self.transport.is_closing():
+                    return
+                if len(self.pipeline) >= max_pipelined:
+                    self._held = bytes(view[start:])
+                    self.flow.pause_reading()
+                    return
+                super().data_received(bytes(view[start:start + FEED_SLICE_BYTES]))
+
+        def on_response_complete(self) -> None:
+            self._served = True
+            super().on_response_complete()
+            if self._idle():
+                self._mark_idle()
+            if self._held and not self.transport.is_closing():
+                held, self._held = self._held, b""
+                self._feed(held)
+
+        # -- head and body deadlines ---------------------------------------------------------
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+
+        def on_headers_complete(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            self._unmark_idle()
+            super().on_headers_complete()
+            if self._body_timer is not None:  # an upgrade head parsed again (see http11)
+                self._body_timer.cancel()
+            self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
+
+        def on_message_complete(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+            super().on_message_complete()
+
+        def _waiting_on_us(self) -> bool:
+            """Earlier requests of this connection are still unanswered: its unparsed bytes
+            wait for the server (see ``_feed``), not for the client."""
+            return bool(self.pipeline) or bool(self._held)
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing():
+                return
+            if self._waiting_on_us() or not self._idle():
+                self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+                return
+            self.transport.write(head_408)
+            self.transport.close()
+
+        def _body_timeout(self) -> None:
+            self._body_timer = None
+            cycle = self.cycle
+            if self.transport.is_closing() or cycle is None or not cycle.more_body:
+                return
+            if self._waiting_on_us():
+                self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
+                return
+            if not cycle.response_started:
+                cycle.disconnected = True  # the app's own reply, if any, is dropped
+                cycle.message_event.set()
+                self.transport.write(body_408)
+            self.transport.close()
+
+        # -- clients that do not read their answers ------------------------------------------
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._stall_timer is None:
+                self._stall_timer = self.loop.call_later(stall_timeout_s, self._stalled)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
+
+        def _stalled(self) -> None:
+            self._stall_timer = None
+            logger.info("aborting a connection whose client read no answer for %g s",
+                        stall_timeout_s)
+            self.transport.abort()  # close() would wait for the buffer to drain: for ever
+
+    return BoundedHttpToolsProtocol

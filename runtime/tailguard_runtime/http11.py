@@ -1,0 +1,125 @@
+"""uvicorn's httptools protocol, with two changes at the HTTP/1.1 level (below any ASGI app).
+
+* **Malformed HTTP gets the protocol's JSON error.** A request the parser refuses (a bad or
+  duplicate ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, bare LF line
+  ends, an invalid URL) is answered ``400 {"error": "malformed HTTP request: ..."}`` with the
+  parser's reason, a request target over :data:`MAX_URL_BYTES` with 414, and the connection
+  is closed; uvicorn answers ``text/plain``.
+* **Upgrade requests are served as plain HTTP/1.1** (RFC 9110 §7.8: a server may ignore
+  ``Upgrade``). ``curl --http2`` sends ``Upgrade: h2c`` on a POST; httptools then skips the body
+  and stops parsing, so uvicorn ran the request with an empty body. Here the request head is
+  replayed without ``Upgrade`` into a fresh parser, followed by the bytes after it, so the body
+  arrives as usual. WebSocket upgrades (``ws="none"`` in the server config) take the same path:
+  the route answers as HTTP, a 404 JSON error for any path that is not a route. ``CONNECT``
+  (an upgrade by method) is refused with 405.
+
+Everything else (keep-alive, pipelining, flow control, the ASGI cycle) is uvicorn's own
+``HttpToolsProtocol`` (uvicorn 0.54, ``uvicorn/protocols/http/httptools_impl.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from .protocol import encode_error
+
+logger = logging.getLogger(__name__)
+
+UPGRADE_HEADERS = frozenset((b"upgrade", b"http2-settings"))
+"""Request headers dropped when an upgrade is ignored (``HTTP2-Settings`` only means something
+with ``Upgrade: h2c``)."""
+
+
+MAX_URL_BYTES = 8192
+"""Longest request target, in bytes (nginx's default header buffer, 8 KiB); a longer one is
+a 414 (every route of the runtime is well under 1 KiB)."""
+
+
+class UrlTooLong(Exception):
+    """The request target grew past :data:`MAX_URL_BYTES` (raised inside the parser)."""
+
+
+class JsonHttpProtocol(HttpToolsProtocol):
+    """``HttpToolsProtocol`` whose parse errors are JSON and which ignores ``Upgrade``.
+
+    Pass the class as ``uvicorn.Config(http=JsonHttpProtocol, ws="none")``.
+    """
+
+    replay: bytes | None = None
+    """The head of an upgrade request without its upgrade headers, waiting for the parser to
+    stop at the upgrade point; ``None`` otherwise."""
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            self._replay(data[exc.args[0]:])
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__  # what a parser callback (ours or uvicorn's) raised
+            if isinstance(cause, UrlTooLong):
+                self.send_error(414, f"the request target exceeds {MAX_URL_BYTES} bytes")
+            else:
+                self.send_error(400, f"malformed HTTP request: {cause or exc}")
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > MAX_URL_BYTES:
+            raise UrlTooLong()
+
+    def _replay(self, rest: bytes) -> None:
+        """Parse the held head of an upgrade request again, without ``Upgrade``, then
+        ``rest`` (the bytes after the head: its body and whatever follows)."""
+        head, self.replay = self.replay, None
+        if head is None:  # CONNECT: already answered
+            return
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.data_received(head + rest)
+
+    def on_headers_complete(self) -> None:
+        if not self.parser.should_upgrade():
+            super().on_headers_complete()
+            return
+        method = self.parser.get_method()
+        if method == b"CONNECT":
+            self.send_error(405, "CONNECT is not supported")
+            return
+        lines = [b"%s %s HTTP/%s\r\n" % (method, self.url, self.parser.get_http_version().encode())]
+        for name, value in self.headers:
+            if name in UPGRADE_HEADERS:
+                continue
+            if name == b"connection":
+                tokens = [t.strip() for t in value.split(b",")]
+                value = b", ".join(t for t in tokens if t.lower() not in UPGRADE_HEADERS)
+                if not value:
+                    continue
+            lines.append(b"%s: %s\r\n" % (name, value))
+        self.replay = b"".join(lines) + b"\r\n"
+
+    def on_body(self, body: bytes) -> None:
+        if self.replay is None:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.replay is None and self.cycle is not None:  # None: a first request refused
+            super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        self.send_error(400, msg)
+
+    def send_error(self, status: int, message: str) -> None:
+        """Answer ``status`` with ``{"error": message}`` and close the connection (the parser
+        cannot find the next request in a stream it refused)."""
+        logger.info("refused a request at the HTTP level: %d %s", status, message)
+        body = encode_error(message)
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head.append(b"%s: %s\r\n" % (name, value))
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
+                    b"connection: close\r\n\r\n" % len(body))
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()

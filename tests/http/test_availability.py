@@ -1,0 +1,381 @@
+"""One client must not take memory, the event loop or the sockets away from everyone else.
+
+Each test reproduces a fault found by trying to break ``tailguard up examples/digits.yaml``
+(issue 9) against a real runtime process over real sockets, and asserts the bound generously:
+the measured numbers before the fix were far outside it, and a busy 2-core machine stays well
+inside it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from http_harness import RuntimeServer, batching, error_of, running_runtime, scrape
+
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+IRIS_V1 = "/v1/models/iris:predict"
+DIGITS_V1 = "/v1/models/digits:predict"
+CAP = 48
+"""``maxConnections`` of the bounded server."""
+TIMEOUT_S = 2.0
+"""Its keep-alive, head, body and send-stall timeouts, in seconds."""
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
+    """iris with short connection timeouts and a cap of :data:`CAP` connections."""
+    config = {"name": "iris",
+              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
+              "batching": batching(max_batch_size=8, timeout_ms=10_000),
+              "connections": {"maxConnections": CAP, "keepAliveSeconds": TIMEOUT_S,
+                              "requestHeadTimeoutSeconds": TIMEOUT_S,
+                              "requestBodyTimeoutSeconds": TIMEOUT_S,
+                              "sendStallTimeoutSeconds": TIMEOUT_S,
+                              "maxPipelinedRequests": 16}}
+    with running_runtime(config, tmp_path_factory.mktemp("bounded")) as server:
+        yield server
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB (``VmRSS`` in ``/proc/PID/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def connect(server: RuntimeServer, rcvbuf: int | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", server.port))
+    return sock
+
+
+def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float | None]:
+    """Everything the server sends until it closes the connection (EOF or reset); the seconds
+    that took, or ``None`` if it was still open after ``limit_s``."""
+    started = time.monotonic()
+    data = b""
+    while time.monotonic() - started < limit_s:
+        sock.settimeout(max(0.05, limit_s - (time.monotonic() - started)))
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, socket.timeout):
+            break
+        except ConnectionResetError:
+            return data, time.monotonic() - started
+        if not chunk:
+            return data, time.monotonic() - started
+        data += chunk
+    return data, None
+
+
+def in_background(target: Callable[[threading.Event], None], n: int) -> tuple[threading.Event,
+                                                                              list[threading.Thread]]:
+    stop = threading.Event()
+    threads = [threading.Thread(target=target, args=(stop,), daemon=True) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    return stop, threads
+
+
+# -- memory: pipelined requests that are never read ----------------------------------------------
+
+
+def pipeline_without_reading(server: RuntimeServer, n_connections: int, megabytes: int,
+                             seconds: float, request: bytes = LIVE
+                             ) -> tuple[list[socket.socket], list[int]]:
+    """Send ``megabytes`` MiB of pipelined ``request`` (health probes by default) on each of
+    ``n_connections`` connections with a 4 KiB receive buffer, never reading; stop after
+    ``seconds`` or when every connection is stuck. Returns the sockets and the bytes each got
+    into the kernel."""
+    payload = request * (1024 * 1024 // len(request))
+    socks = [connect(server, rcvbuf=4096) for _ in range(n_connections)]
+    sent = [0] * n_connections
+    for sock in socks:
+        sock.setblocking(False)
+    deadline = time.monotonic() + seconds
+    stuck_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - stuck_since < 1.5:
+        progressed = False
+        for i, sock in enumerate(socks):
+            if sent[i] >= megabytes * len(payload):
+                continue
+            try:
+                n = sock.send(payload[sent[i] % len(payload):])
+            except (BlockingIOError, OSError):
+                continue
+            sent[i] += n
+            progressed = progressed or n > 0
+        if progressed:
+            stuck_since = time.monotonic()
+        else:
+            time.sleep(0.02)
+    return socks, sent
+
+
+def reset_by_server(sock: socket.socket, limit_s: float) -> float | None:
+    """Seconds until the server resets ``sock``, found without reading from it (``SO_ERROR``
+    and a one-byte non-blocking send); ``None`` if it was still open after ``limit_s``."""
+    started = time.monotonic()
+    sock.setblocking(False)
+    while time.monotonic() - started < limit_s:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            return time.monotonic() - started
+        try:
+            sock.send(b"\r\n")
+        except BlockingIOError:
+            pass
+        except OSError:
+            return time.monotonic() - started
+        time.sleep(0.2)
+    return None
+
+
+def test_pipelined_requests_that_are_never_read_keep_memory_bounded(
+        bounded: RuntimeServer) -> None:
+    """One connection pipelining 13 MB of health probes without reading took the process
+    from 190 to 777 MB; five took it to 2 GB. The server now parses at most 16 unanswered
+    requests per connection and stops reading from a client that reads nothing."""
+    before = rss_mib(bounded.proc.pid)
+    socks, sent = pipeline_without_reading(bounded, n_connections=5, megabytes=40, seconds=10)
+    try:
+        grown = rss_mib(bounded.proc.pid) - before
+        with bounded.client(timeout=5) as client:
+            started = time.monotonic()
+            assert client.get("/v2/health/live").status_code == 200
+            assert time.monotonic() - started < 1.0
+    finally:
+        for sock in socks:
+            sock.close()
+    assert grown < 100, f"server grew by {grown:.0f} MiB"
+    assert max(sent) < 30 * 1024 * 1024, f"the server kept reading: {sent}"
+
+
+def test_a_client_that_reads_none_of_its_answers_is_disconnected(bounded: RuntimeServer) -> None:
+    """Such a connection held its parsed requests and its socket for ever. It pipelines
+    ``/metrics`` (kilobytes per answer), so the server's send buffers fill within seconds."""
+    metrics = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    socks, _ = pipeline_without_reading(bounded, n_connections=1, megabytes=1, seconds=5,
+                                        request=metrics)
+    try:
+        took = reset_by_server(socks[0], limit_s=60)
+    finally:
+        socks[0].close()
+    assert took is not None, "the server never closed the connection"
+
+
+# -- sockets: idle, half-sent, and more of them than the cap -------------------------------------
+
+
+def test_connections_that_send_nothing_are_closed_at_the_keep_alive_timeout(
+        bounded: RuntimeServer) -> None:
+    """200 such connections stayed open past the keep-alive timeout, for ever."""
+    socks = [connect(bounded) for _ in range(20)]
+    try:
+        closed = [read_until_closed(sock, limit_s=20) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    assert all(took is not None for _, took in closed), closed
+    assert all(data == b"" for data, _ in closed)
+
+
+def test_a_head_sent_one_line_at_a_time_gets_408_at_the_head_deadline(
+        bounded: RuntimeServer) -> None:
+    """1,500 connections sending one header line every 5 s stayed open for 60 s."""
+    socks = [connect(bounded) for _ in range(20)]
+    answers = {i: b"" for i in range(len(socks))}
+    closed: set[int] = set()
+    started = time.monotonic()
+    for sock in socks:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        sock.setblocking(False)
+    try:
+        while len(closed) < len(socks) and time.monotonic() - started < 30:
+            for i, sock in enumerate(socks):
+                if i in closed:
+                    continue
+                try:
+                    sock.send(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+                try:
+                    chunk = sock.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    closed.add(i)
+                    continue
+                answers[i] += chunk
+                if not chunk:
+                    closed.add(i)
+            time.sleep(0.25)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert len(closed) == len(socks), f"{len(socks) - len(closed)} connections still open"
+    for answer in answers.values():
+        if answer:  # a reset may swallow the 408; whatever arrived must be the 408
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"].startswith(
+                "request head not complete")
+
+
+def test_a_body_that_never_completes_gets_408(bounded: RuntimeServer) -> None:
+    with connect(bounded) as sock:
+        sock.sendall(b"POST " + IRIS_V1.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"instances\"")
+        data, took = read_until_closed(sock, limit_s=20)
+    assert took is not None
+    assert data.startswith(b"HTTP/1.1 408"), data[:200]
+
+
+def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
+        bounded: RuntimeServer) -> None:
+    """With a 1,024-descriptor limit, about 1,000 idle or half-sent sockets made every request
+    of another client fail for 40 s. Past the cap the longest idle connection is closed."""
+    pid = bounded.proc.pid
+    socks: list[socket.socket] = []
+    codes: list[int] = []
+    most_fds = 0
+    try:
+        for round_ in range(6):
+            for _ in range(CAP):
+                sock = connect(bounded)
+                if round_ % 2:
+                    sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # a head never finished
+                socks.append(sock)
+            most_fds = max(most_fds, open_fds(pid))
+            with httpx.Client(base_url=bounded.base_url, timeout=10) as client:
+                codes.append(client.post(IRIS_V1, json={"instances": [[5.1, 3.5, 1.4, 0.2]]})
+                             .status_code)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert codes == [200] * 6
+    assert most_fds < CAP + 40, most_fds  # the cap, plus the listener, pipes and libraries
+
+
+# -- the event loop: bodies that can never be valid, and big ones that are -----------------------
+
+
+def bomb(n_bytes: int) -> bytes:
+    """A gzip body inflating to ``n_bytes`` of v1 JSON (64 zeros per row)."""
+    row = b"[" + b",".join([b"0"] * 64) + b"]"
+    rows = n_bytes // (len(row) + 1)
+    return gzip.compress(b'{"instances":[' + b",".join([row] * rows) + b"]}", 9)
+
+
+def test_a_small_body_inflating_past_any_valid_request_is_refused(
+        digits_server: RuntimeServer) -> None:
+    body = bomb(16 * 1024 * 1024)
+    assert len(body) < 100_000
+    with digits_server.client() as client:
+        reply = client.post(DIGITS_V1, content=body, headers={"Content-Encoding": "gzip"})
+    assert reply.status_code == 413, reply.text
+    assert "exceeds the limit" in error_of(reply)
+
+
+def test_a_body_padded_past_any_valid_request_is_refused_unread(
+        digits_server: RuntimeServer) -> None:
+    rows = json.dumps({"instances": np.zeros((512, 64)).tolist()}).encode()
+    body = rows[:-1] + b" " * (16 * 1024 * 1024 - len(rows)) + b"}"
+    with digits_server.client() as client:
+        reply = client.post(DIGITS_V1, content=body)
+    assert reply.status_code == 413, reply.text
+    assert "largest valid request" in error_of(reply)
+
+
+def test_the_largest_valid_body_is_still_served(digits_server: RuntimeServer) -> None:
+    """The bound must never refuse a valid request: every row the queue can hold, in
+    full-precision floats, pretty-printed, and gzipped."""
+    x = np.random.default_rng(9).uniform(-1e-300, 1e-300, size=(1024, 64)) * 1e300
+    body = json.dumps({"instances": x.tolist()}, indent=4).encode()
+    with digits_server.client() as client:
+        plain = client.post(DIGITS_V1, content=body)
+        packed = client.post(DIGITS_V1, content=gzip.compress(body),
+                             headers={"Content-Encoding": "gzip"})
+    assert plain.status_code == 200, plain.text[:300]
+    assert packed.status_code == 200 and packed.json() == plain.json()
+    assert len(plain.json()["predictions"]) == 1024
+
+
+def test_hostile_bodies_do_not_stall_another_client(digits_server: RuntimeServer,
+                                                    digits_data: tuple[np.ndarray, np.ndarray]
+                                                    ) -> None:
+    """Two clients sending a 16 KB gzip body that inflates to 16 MiB took another client's
+    p50 from 5 ms to 1.1 s, with 504s: each body was parsed on the event loop first."""
+    x, _ = digits_data
+    big = bomb(16 * 1024 * 1024)
+    valid = json.dumps({"instances": x[:512].tolist()}).encode()
+
+    def hostile(stop: threading.Event) -> None:
+        with digits_server.client(timeout=30) as client:
+            while not stop.is_set():
+                client.post(DIGITS_V1, content=big, headers={"Content-Encoding": "gzip"})
+                client.post(DIGITS_V1, content=valid)
+
+    stop, threads = in_background(hostile, 2)
+    latencies: list[float] = []
+    codes: set[int] = set()
+    try:
+        time.sleep(0.5)
+        with digits_server.client(timeout=30) as client:
+            for i in range(150):
+                started = time.perf_counter()
+                reply = client.post(DIGITS_V1, json={"instances": [x[i].tolist()]})
+                latencies.append(time.perf_counter() - started)
+                codes.add(reply.status_code)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert codes == {200}
+    assert statistics.median(latencies) < 0.2, f"p50 {statistics.median(latencies) * 1000:.0f} ms"
+
+
+# -- poison rows ---------------------------------------------------------------------------------
+
+
+def test_values_a_forest_cannot_take_are_refused_before_batching(
+        digits_server: RuntimeServer) -> None:
+    """A forest computes in float32, so 1e300 made it raise inside a batch, and the batch was
+    bisected to find the row: 59 such requests a second cut everyone's throughput by 35%. They
+    are refused before they reach a batch, so they cost the model nothing."""
+    row = [0.0] * 64
+    row[5] = 1e300
+
+    def model_calls(client: httpx.Client) -> float:
+        return sum(v for (name, _), v in scrape(client).items()
+                   if name == "tailguard_batch_size_rows_count")
+
+    with digits_server.client() as client:
+        before = model_calls(client)
+        for _ in range(30):
+            reply = client.post(DIGITS_V1, json={"instances": [[1.0] * 64, row]})
+            assert reply.status_code == 422, reply.text
+            assert "row 1, feature 5 is 1e+300" in error_of(reply)
+            assert "float32" in error_of(reply)
+        v2 = client.post("/v2/models/digits/infer", json={"inputs": [
+            {"name": "x", "shape": [1, 64], "datatype": "FP64", "data": [-3.5e38] + [0.0] * 63}]})
+        assert v2.status_code == 422 and error_of(v2).startswith("inputs[0]: row 0, feature 0")
+        assert model_calls(client) == before
+        fine = client.post(DIGITS_V1, json={"instances": [[3.4e38] + [0.0] * 63]})
+        assert fine.status_code == 200

@@ -1,0 +1,33 @@
+"""Runtime settings built from the runtime config JSON: the ``connections`` block."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailguard_runtime.settings import ConnectionSettings, RuntimeSettings
+
+MODELS = [{"role": "primary", "uri": "builtin://iris/logistic-regression"}]
+
+
+def test_connection_bounds_default_when_the_block_is_absent() -> None:
+    settings = RuntimeSettings.from_config({"name": "iris", "models": MODELS})
+    assert settings.connections == ConnectionSettings()
+    assert settings.connections.max_connections is None  # from the open-file limit
+
+
+def test_connection_bounds_are_read_in_their_units() -> None:
+    settings = RuntimeSettings.from_config({"name": "iris", "models": MODELS, "connections": {
+        "maxConnections": 48, "keepAliveSeconds": 2, "requestHeadTimeoutSeconds": 1.5,
+        "requestBodyTimeoutSeconds": 3, "sendStallTimeoutSeconds": 4,
+        "maxPipelinedRequests": 8}})
+    assert settings.connections == ConnectionSettings(
+        max_connections=48, keep_alive_s=2.0, request_head_timeout_s=1.5,
+        request_body_timeout_s=3.0, send_stall_timeout_s=4.0, max_pipelined=8)
+
+
+@pytest.mark.parametrize("key", ["maxConnections", "requestHeadTimeoutSeconds",
+                                 "maxPipelinedRequests"])
+def test_a_bound_that_is_not_positive_is_refused_naming_it(key: str) -> None:
+    with pytest.raises(ValueError, match=f"connections.{key} must be positive"):
+        RuntimeSettings.from_config({"name": "iris", "models": MODELS,
+                                     "connections": {key: 0}})
