@@ -194,21 +194,24 @@ def _count(codes: Any) -> dict[int, int]:
     return out
 
 
-def drop_in(client: httpx.Client, name: str, example: Exchange, serial: int = 50) -> Check:
-    """Switch traffic to the fallback (the loopback traffic route, ``by: report``), send the
-    example request again plus ``serial`` more one after another (their client-side latency
-    is the fallback's served latency), then switch back. Passes when the fallback's reply has
-    the primary's output names, datatypes and shapes and says ``X-Tailguard-Role: fallback``.
+def drop_in(client: httpx.Client, name: str, example: Exchange, secret: str,
+            serial: int = 50) -> Check:
+    """Switch traffic to the fallback (the loopback traffic route, ``by: report``, with the
+    run's control ``secret`` as ``tailguard rollback`` sends it), send the example request
+    again plus ``serial`` more one after another (their client-side latency is the fallback's
+    served latency), then switch back. Passes when the fallback's reply has the primary's
+    output names, datatypes and shapes and says ``X-Tailguard-Role: fallback``.
     """
+    auth = {"Authorization": f"Bearer {secret}"}
     switched = send(client, "POST", "/tailguard/traffic",
-                    json.dumps({"name": name, "activeModel": "fallback", "by": "report"}))
+                    json.dumps({"name": name, "activeModel": "fallback", "by": "report"}), auth)
     try:
         ex = send(client, "POST", example.path, example.body)
         times = [send(client, "POST", example.path, example.body).elapsed_ms
                  for _ in range(serial)]
     finally:
         back = send(client, "POST", "/tailguard/traffic",
-                    json.dumps({"name": name, "activeModel": "primary", "by": "report"}))
+                    json.dumps({"name": name, "activeModel": "primary", "by": "report"}), auth)
     if switched.status != 200 or back.status != 200:
         return Check("fallback drop-in", "same outputs from the fallback", False,
                      f"the traffic switch answered {switched.status} / {back.status}: "

@@ -30,6 +30,7 @@ import numpy as np
 from tailguard_runtime.models import Predictor
 
 from . import probes
+from .localstate import find_control_file
 from .loadplan import outcome, sweep_verdict
 from .policy import QUEUE_FULL_SHARE, QUEUEING_RATIO, SLOW_FRACTION, GuardSpec
 from .rawtable import BATCH_SIZES, RawRow, raw_table
@@ -71,7 +72,8 @@ def gather(isvc: InferenceService, base: str, rows: np.ndarray, rows_source: str
         errors = probes.error_shapes(client, name, rows, b.max_queue_size)
         deadline = probes.deadline(client, name, rows, min(b.max_batch_size, b.max_queue_size))
         overload = probes.overload(base, name, rows, b.max_queue_size)
-        drop_in = probes.drop_in(client, name, example)
+        control = find_control_file(name, int(base.rsplit(":", 1)[1]))
+        drop_in = probes.drop_in(client, name, example, "" if control is None else control.secret)
         under_load = _under_load(isvc, base, rows, raw["primary"], load, show)
         guard_now = client.get("/tailguard/status").json().get("status", {})
     by_name = {c.name: c for c in errors}
