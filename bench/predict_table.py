@@ -14,52 +14,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from refmodel import build_model, sample_rows  # noqa: E402
+from tailguard_operator.rawtable import RawRow, markdown, time_calls  # noqa: E402
 
 DEFAULT_BATCHES = (1, 8, 32, 64, 128, 512)
 
 
 def time_predict(model: Any, batch: int, seconds: float = 3.0, min_calls: int = 5,
                  max_calls: int = 5000) -> dict[str, float]:
-    """Time ``model.predict`` on ``batch`` rows (shape ``(batch, 20)``).
+    """Time ``model.predict`` on ``batch`` rows (shape ``(batch, 20)``) with
+    :func:`tailguard_operator.rawtable.time_calls` (the table ``tailguard tune`` prints).
 
-    Runs 2 warm-up calls, then calls until ``seconds`` have passed (at least ``min_calls``, at
-    most ``max_calls`` calls). Returns ``{"batch", "calls", "median_ms", "p90_ms",
-    "rows_per_s"}``: the median and 90th percentile of one call's wall time in milliseconds,
-    and ``batch / median`` in rows per second.
+    Returns ``{"batch", "calls", "median_ms", "p90_ms", "rows_per_s"}``: the median and 90th
+    percentile of one call's wall time in milliseconds, and ``batch / median`` in rows per second.
     """
-    x = sample_rows(batch)
-    for _ in range(2):
-        model.predict(x)
-    times: list[float] = []
-    perf = time.perf_counter
-    end = perf() + seconds
-    while len(times) < max_calls and (len(times) < min_calls or perf() < end):
-        t0 = perf()
-        model.predict(x)
-        times.append(perf() - t0)
-    times.sort()
-    median = statistics.median(times)
-    return {"batch": batch, "calls": len(times), "median_ms": median * 1e3,
-            "p90_ms": times[int(0.9 * (len(times) - 1))] * 1e3, "rows_per_s": batch / median}
+    row = time_calls(model.predict, sample_rows(batch), seconds=seconds, min_calls=min_calls,
+                     max_calls=max_calls)
+    return row.as_dict()
 
 
 def markdown_table(rows: Sequence[dict[str, float]]) -> str:
     """Render :func:`time_predict` results as a Markdown table."""
-    lines = ["| batch (rows) | ms per call (median) | ms per call (p90) | rows/s | calls |",
-             "|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['batch']} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
-                     f"{r['rows_per_s']:,.0f} | {r['calls']} |")
-    return "\n".join(lines)
+    return markdown([RawRow(int(r["batch"]), int(r["calls"]), r["median_ms"], r["p90_ms"],
+                            r["rows_per_s"]) for r in rows])
 
 
 def run(batches: Sequence[int] = DEFAULT_BATCHES, seconds: float = 3.0,

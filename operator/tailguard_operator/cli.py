@@ -9,6 +9,8 @@
 * ``tailguard validate FILE.yaml [--models]`` -- check a spec the way the API server would; print
   it defaulted, as YAML that can be applied again; ``--models`` also loads both models.
 * ``tailguard bench TARGET`` -- load-test a served InferenceService (see :mod:`.benchcmd`).
+* ``tailguard tune FILE.yaml`` -- choose the batch policy inside the SLO (see :mod:`.tunecmd`).
+* ``tailguard report FILE.yaml`` -- write the service's evidence card (see :mod:`.reportcmd`).
 * ``tailguard operator`` -- run the Kubernetes operator.
 
 Every failure is one line on stderr and a non-zero exit code: 1 when the command ran and was
@@ -98,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     from .benchcmd import add_parser as add_bench
 
     add_bench(sub)
+
+    from .reportcmd import add_parser as add_report
+    from .tunecmd import add_parser as add_tune
+
+    add_tune(sub)
+    add_report(sub)
 
     text = "run the Kubernetes operator (in a cluster, or against the current kubeconfig)"
     operator = sub.add_parser("operator", help=text, description=text + ".")

@@ -75,6 +75,8 @@ class Predictor:
     models compute in float32 (see :func:`float32_estimator`), where anything larger becomes
     infinite and the model raises. Checked per request by :func:`check_input_range`, before
     batching, so such a row never costs its batch-mates a bisection."""
+    estimator: Any = dataclasses.field(default=None, repr=False, compare=False)
+    """The fitted estimator itself (for ``tailguard report``'s model size); None if unknown."""
 
     @functools.cached_property
     def output_names(self) -> tuple[str, ...]:
@@ -245,7 +247,7 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
         return Predictor(uri, int(n_features), (OutputSpec("predict", "FP64", (-1,)),), run,
-                         None, type(estimator).__name__, limit)
+                         None, type(estimator).__name__, limit, estimator)
 
     classes = np.asarray(classes)
     label_type = _datatype(classes.dtype)
@@ -268,7 +270,7 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
     return Predictor(uri, int(n_features), tuple(outputs), run, tuple(classes.tolist()),
-                     type(estimator).__name__, limit)
+                     type(estimator).__name__, limit, estimator)
 
 
 def load_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
