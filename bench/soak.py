@@ -182,7 +182,7 @@ def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
     result = run_sync(run_load(target, OpenLoop(rate), Bounds(
         duration_s=duration_s, warmup_s=GOOD_WARMUP_S, timeout_s=GOOD_TIMEOUT_S,
         max_connections=256)))
-    out = result.as_dict()
+    out: dict[str, Any] = result.as_dict()
     codes = {**result.http_errors, **result.transport_errors}
     if result.ok:
         codes["200"] = result.ok
@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ab-rounds", type=int, default=3,
                         help="before/after pairs at 64 clients (0: skip)")
     parser.add_argument("--ab-seconds", type=float, default=6.0)
-    parser.add_argument("--before", default="main", help="git ref of the runtime before")
+    parser.add_argument("--before", default="main", help="git ref of the runtime before the change under test (main "
+                        "just before issue 9 was merged: 737b294)")
     parser.add_argument("--hard-fd-limit", action="store_true",
                         help="also cap the server's hard open-file limit at 1,024")
     parser.add_argument("--good-client", metavar="URL", help=argparse.SUPPRESS)

@@ -352,8 +352,8 @@ def make_probe(probe_module: tuple[ModuleType, Path], folder: Path, name: str,
     module, _ = probe_module
     folder.mkdir(parents=True, exist_ok=True)
     log = None if calls_log is None else str(calls_log)
-    model = module.ProbeClassifier(delay_s=delay_s, calls_log=log).fit(np.zeros((3, PROBE_FEATURES)),
-                                                        np.array([0, 1, 2]))
+    model = module.ProbeClassifier(delay_s=delay_s, calls_log=log).fit(
+        np.zeros((3, PROBE_FEATURES)), np.array([0, 1, 2]))
     path = folder / f"{name}.joblib"
     joblib.dump(model, path)
     return model, path
