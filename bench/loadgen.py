@@ -15,8 +15,9 @@ app have none), and prints the report in the keys bench/run.py reads:
 ``req_per_s``: 200 answers to requests sent in the window, per second of window; ``p50_ms`` ...
 ``max_ms``, ``mean_ms``: their latency, first byte written to last byte read; ``errors`` (and
 ``error_kinds``): the window's other outcomes (non-200 statuses, ``timeout``, ``connection``);
-``client_cpu``: the generator's CPU seconds per wall second of the window. Only loopback targets
-are accepted unless ``--allow-remote`` is given.
+``client_cpu``: the generator's CPU seconds per wall second of the window; ``invalid``: the
+generator's verdict (:func:`tailguard_operator.loadplan.judge`, empty when the run is valid).
+Only loopback targets are accepted unless ``--allow-remote`` is given.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def report(result: LoadResult, clients: int, url: str, fmt: str, warmup_s: float
             "max_ms": lat["max"], "mean_ms": round(mean, 3), "errors": result.errors,
             "error_kinds": dict(sorted(kinds.items())),
             "client_cpu": round(result.generator_cpu, 3), "url": url, "format": fmt,
-            "warmup_s": warmup_s, "sent": result.sent}
+            "warmup_s": warmup_s, "sent": result.sent, "invalid": result.invalid}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,10 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    ``maxQueueSize`` 512) pinned to core 0 (``taskset -c 0``), with a soft limit of 1,024
    descriptors as in the report (the runtime raises it to the hard limit; ``--hard-fd-limit``
    caps that at 1,024 too, so the connection cap of 768 is what holds). This script and its load processes keep to core 1.
-2. Calibrates: the good client (:func:`openloop`, one digits row per v2 request) at rising
-   rates; the service's rate at SLO is the highest whose p99 stays within the SLO with every
-   answer 200. The good rate is half of it.
+2. Calibrates: the good client (:func:`openloop`: the project's load generator,
+   ``tailguard_operator.loadgen.run_load``, open loop with Poisson arrivals, one digits row per
+   v2 request) at rising rates; the service's rate at SLO is the highest whose p99 stays within
+   the SLO with every answer 200 and the generator's verdict valid. The good rate is half of it.
 3. The good client alone at that rate for ``--duration`` seconds: its p99 alone.
 4. The same beside the hostile mix for ``--duration`` seconds: 5 connections pipelining 13 MB of
    health probes each without reading (4 KiB receive buffer), 2 clients posting 16 KB gzip
@@ -20,13 +21,16 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    a second holding ``1e300`` (poison for a float32 forest). Meanwhile: the server's RSS every
    0.25 s, and a health probe on a new connection every 0.5 s.
 5. Unless ``--ab-rounds 0``: req/s at 64 clients (``bench/loadgen.py``, the README's reference
-   model and settings) of the runtime before this change (``--before`` git ref, exported with
-   ``git archive``) and after it (this tree), alternating ABAB..., same cores.
+   model and settings: a shell over the same generator, closed loop) of the runtime before this
+   change (``--before`` git ref, exported with ``git archive``) and after it (this tree),
+   alternating ABAB..., same cores.
 
 Prints one JSON report and the pass/fail of each bound: good p99 within twice its p99 alone and
 within the SLO, RSS under 1 GiB, every health probe under 1 s, every good request answered
 (200, or 429 refused before admission: nothing admitted left unanswered), and after/before
-req/s at 64 clients at least 0.95.
+req/s at 64 clients at least 0.95. When the generator's verdict fires (p99 schedule lag over
+1 ms, or more than 90% of a core), the report says so (``generator_invalid``) and the check
+"good client's generator valid" fails: its latencies are then partly its own.
 """
 
 from __future__ import annotations
@@ -123,99 +127,81 @@ def runtime(config: dict[str, Any], workdir: Path, pythonpath: str | None = None
         logfile.close()
 
 
+GOOD_NICE = -10
+"""Scheduling priority (nice) of the good client's process when allowed (root): it shares core
+1 with the hostile mix, whose threads would otherwise delay its sends (the schedule lag the
+generator reports), and that delay would count as the server's latency."""
+
+
+def _raise_priority() -> None:
+    with contextlib.suppress(OSError):
+        os.nice(GOOD_NICE)
+
+
 def good_client(url: str, rate: float, duration_s: float) -> dict[str, Any]:
-    """:func:`openloop` in its own process (the hostile threads of this one share its GIL)."""
+    """:func:`openloop` in its own process (the hostile threads of this one share its GIL),
+    at a higher priority than the hostile mix when allowed (:data:`GOOD_NICE`)."""
     argv = [PYTHON, str(Path(__file__).resolve()), "--good-client", url, "--rate",
             str(rate), "--duration", str(duration_s)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60,
+                          preexec_fn=_raise_priority)
     if done.returncode != 0:
         raise RuntimeError(f"good client failed: {done.stderr[-500:]}")
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report
 
 
+GOOD_WARMUP_S = 1.0
+"""Seconds of the good client's load sent and discarded before its measured window."""
+GOOD_TIMEOUT_S = 5.0
+"""A good request unanswered after this many seconds counts as ``timeout`` (unanswered)."""
+
+
 def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
-    """The good client: one digits row per v2 request, sent on a fixed schedule of ``rate``
-    req/s for ``duration_s`` s over keep-alive connections (a new one only when every open one
-    is waiting), at most 256 in flight. Returns ``sent``, ``skipped`` (in-flight cap),
-    ``codes`` (0: no answer within 5 s or a dropped connection), and p50/p99 of 200s in ms."""
-    import asyncio
+    """The good client: one digits row per v2 request, Poisson arrivals at ``rate`` req/s for
+    ``GOOD_WARMUP_S`` + ``duration_s`` s, sent by the project's load generator
+    (:func:`tailguard_operator.loadgen.run_load`, open loop: keep-alive connections, at most
+    256 open, latency from each request's scheduled time).
+
+    Returns the generator's :meth:`~tailguard_operator.loadplan.LoadResult.as_dict` for the
+    measured window plus ``codes`` (answers by status; ``timeout``/``connection``: no answer
+    within ``GOOD_TIMEOUT_S`` or a dropped connection) and ``p50Ms``/``p99Ms`` of the 200s. Its
+    ``valid``/``invalid`` carry the generator's verdict (p99 schedule lag over 1 ms or more than
+    90% of a core: the latencies are partly the generator's own).
+    """
+    from tailguard_operator.loadgen import Target, run_load, run_sync
+    from tailguard_operator.loadplan import Bounds, OpenLoop
 
     from tailguard_runtime.models import load_dataset
 
     x, _ = load_dataset("digits")
     host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
-    bodies = [json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP64",
-                                      "data": row.tolist()}]}).encode() for row in x[:256]]
-    requests = [b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies]
-    codes: dict[str, int] = {}
-    latencies: list[float] = []
-    skipped = 0
-
-    async def exchange(pool: list[Any], request: bytes) -> None:
-        started = time.perf_counter()
-        code = 0
-        conn = pool.pop() if pool else None
-        try:
-            if conn is None:
-                conn = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
-            reader, writer = conn
-            writer.write(request)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await asyncio.wait_for(reader.readexactly(length), 5)
-            code = int(head.split(b" ", 2)[1])
-            if b"connection: close" in head.lower():
-                writer.close()
-            else:
-                pool.append(conn)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError,
-                IndexError):
-            if conn is not None:
-                conn[1].close()
-        codes[str(code)] = codes.get(str(code), 0) + 1
-        if code == 200:
-            latencies.append((time.perf_counter() - started) * 1000)
-
-    async def schedule() -> None:
-        nonlocal skipped
-        pool: list[Any] = []
-        tasks: set[asyncio.Task[None]] = set()
-        start = time.perf_counter()
-        for i in range(int(rate * duration_s)):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if len(tasks) >= 256:
-                skipped += 1
-                continue
-            task = asyncio.ensure_future(exchange(pool, requests[i % len(requests)]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.wait(tasks, timeout=20)
-        for _, writer in pool:
-            writer.close()
-
-    asyncio.run(schedule())
-    latencies.sort()
-
-    def pct(q: float) -> float | None:
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2) \
-            if latencies else None
-
-    return {"sent": sum(codes.values()), "skipped": skipped, "codes": codes,
-            "p50Ms": pct(0.5), "p99Ms": pct(0.99)}
+    bodies = tuple(json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP64",
+                                           "data": row.tolist()}]}).encode() for row in x[:256])
+    target = Target(host, int(port), "/v2/models/digits/infer", bodies, metrics_path=None)
+    result = run_sync(run_load(target, OpenLoop(rate), Bounds(
+        duration_s=duration_s, warmup_s=GOOD_WARMUP_S, timeout_s=GOOD_TIMEOUT_S,
+        max_connections=256)))
+    out: dict[str, Any] = result.as_dict()
+    codes = {**result.http_errors, **result.transport_errors}
+    if result.ok:
+        codes["200"] = result.ok
+    if result.rejected_429:
+        codes["429"] = result.rejected_429
+    out.update(codes=codes, p50Ms=result.latency_ms["p50"], p99Ms=result.latency_ms["p99"])
+    return out
 
 
 def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -> float:
-    """The highest of ``rates`` (req/s) served with p99 within ``slo_ms`` and only 200s."""
+    """The highest of ``rates`` (req/s) served with p99 within ``slo_ms`` and only 200s, by a
+    run the generator judged valid (the first rate when none is)."""
     best = rates[0]
     for rate in rates:
         report = good_client(url, rate, seconds)
-        log(f"calibrate {rate:.0f} req/s: p99 {report['p99Ms']} ms, codes {report['codes']}")
-        ok = set(report["codes"]) == {"200"} and (report["p99Ms"] or 1e9) <= slo_ms
+        log(f"calibrate {rate:.0f} req/s: p99 {report['p99Ms']} ms, codes {report['codes']}"
+            + ("" if report["valid"] else f", generator invalid: {report['invalid']}"))
+        ok = (report["valid"] and set(report["codes"]) == {"200"}
+              and (report["p99Ms"] or 1e9) <= slo_ms)
         if not ok:
             break
         best = rate
@@ -319,9 +305,9 @@ class Hostile:
             start = time.monotonic()
             i = 0
             while not self.done.is_set():
-                at = start + i / 59.0
-                if at > time.monotonic():
-                    time.sleep(at - time.monotonic())
+                delay = start + i / 59.0 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
                 i += 1
                 try:
                     self.count(f"poison_{client.post('/v1/models/digits:predict', content=self.poison).status_code}")
@@ -429,7 +415,7 @@ def export_before(ref: str, into: Path) -> Path:
 def loadgen(url: str, clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
     argv = [PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--format", "v2", "--clients",
             str(clients), "--duration", str(duration_s), "--warmup", str(warmup_s),
-            "--hard-timeout", str(duration_s + warmup_s + 15)]
+            "--timeout", "10"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + warmup_s + 40)
     if done.returncode != 0:
         raise RuntimeError(f"loadgen failed: {done.stderr[-500:]}")
@@ -448,16 +434,20 @@ def before_after(workdir: Path, before_ref: str, rounds: int, seconds: float) ->
     before_path = str(export_before(before_ref, workdir))
     after_path = str(REPO / "runtime")
     results: dict[str, list[float]] = {"before": [], "after": []}
+    invalid: list[str] = []
     with runtime(config, workdir, before_path) as (_, before_url), \
             runtime(config, workdir, after_path) as (_, after_url):
         for i in range(rounds):
             for name, url in (("before", before_url), ("after", after_url))[::1 if i % 2 == 0 else -1]:
                 report = loadgen(url + "/v2/models/ref/infer", 64, seconds, 2.0)
                 results[name].append(report["req_per_s"])
+                if report["invalid"]:
+                    invalid.append(f"{name} round {i + 1}: {'; '.join(report['invalid'])}")
                 log(f"64 clients {name}: {report['req_per_s']:.0f} req/s p99 {report['p99_ms']:.1f} ms")
     before, after = statistics.median(results["before"]), statistics.median(results["after"])
     return {"before_req_s": results["before"], "after_req_s": results["after"],
-            "median_before": before, "median_after": after, "ratio": round(after / before, 3)}
+            "median_before": before, "median_after": after, "ratio": round(after / before, 3),
+            "generator_invalid": invalid}
 
 
 def load_average() -> str:
@@ -474,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ab-rounds", type=int, default=3,
                         help="before/after pairs at 64 clients (0: skip)")
     parser.add_argument("--ab-seconds", type=float, default=6.0)
-    parser.add_argument("--before", default="main", help="git ref of the runtime before")
+    parser.add_argument("--before", default="main", help="git ref of the runtime before the change under test (main "
+                        "just before issue 9 was merged: 737b294)")
     parser.add_argument("--hard-fd-limit", action="store_true",
                         help="also cap the server's hard open-file limit at 1,024")
     parser.add_argument("--good-client", metavar="URL", help=argparse.SUPPRESS)
@@ -525,12 +516,16 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_end"] = load_average()
     alone, beside = report["alone"], report["hostile"]
     unanswered = sum(n for code, n in beside["codes"].items() if code not in ("200", "429"))
+    # the generator's verdict: when it fired, its latencies are partly its own, not the server's
+    report["generator_invalid"] = {name: report[name]["invalid"] for name in ("alone", "hostile")
+                                   if report[name]["invalid"]}
     checks = {
         "p99 within 2x alone": (beside["p99Ms"] or 1e9) <= 2 * (alone["p99Ms"] or 0),
         "p99 within SLO": (beside["p99Ms"] or 1e9) <= slo_ms,
         "RSS under 1 GiB": report["rss_max_mib"] < 1024,
         "health probes under 1 s": report["health_max_s"] < 1.0 and not report["health_failures"],
-        "no admitted request unanswered": unanswered == 0 and beside["skipped"] == 0,
+        "no admitted request unanswered": unanswered == 0,
+        "good client's generator valid (lag, CPU)": not report["generator_invalid"],
     }
     if "req_s_64_clients" in report:
         checks["req/s at 64 clients >= 95% of before"] = report["req_s_64_clients"]["ratio"] >= 0.95

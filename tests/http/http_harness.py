@@ -66,10 +66,13 @@ GATES = os.path.dirname(os.path.abspath(__file__))
 
 
 class ProbeClassifier(ClassifierMixin, BaseEstimator):
-    """label = |round(sum(row))| mod n_classes; ``delay_s`` seconds per ``predict`` call."""
+    """label = |round(sum(row))| mod n_classes; ``delay_s`` seconds per ``predict`` call.
+    With ``calls_log`` (a file path), each ``predict`` call (one model call) appends a line
+    holding its number of rows, so a test can count the model calls a batch cost."""
 
-    def __init__(self, delay_s=0.0):
+    def __init__(self, delay_s=0.0, calls_log=None):
         self.delay_s = delay_s
+        self.calls_log = calls_log
 
     def fit(self, X, y):
         X = np.asarray(X, dtype=np.float64)
@@ -88,6 +91,9 @@ class ProbeClassifier(ClassifierMixin, BaseEstimator):
         return np.abs(np.rint(X.sum(axis=1))).astype(np.int64) % len(self.classes_)
 
     def predict(self, X):
+        if self.calls_log:
+            with open(self.calls_log, "a") as log:
+                log.write(f"{len(X)}\\n")
         labels = self._labels(X)
         X = np.asarray(X, dtype=np.float64)
         pause = self.delay_s + float(X[X[:, 0] == SLOW, 1].sum()) / 1000.0
@@ -340,12 +346,14 @@ def labels(model: str, role: str = "primary", version: str = "1", **more: str) -
 
 
 def make_probe(probe_module: tuple[ModuleType, Path], folder: Path, name: str,
-               delay_s: float = 0.0) -> tuple[Any, Path]:
-    """Fit a :class:`ProbeClassifier` (4 features, classes 0..2) and save it under ``folder``."""
+               delay_s: float = 0.0, calls_log: Path | None = None) -> tuple[Any, Path]:
+    """Fit a :class:`ProbeClassifier` (4 features, classes 0..2) and save it under ``folder``
+    (``calls_log``: the file its model calls are logged to, one line each; None: not logged)."""
     module, _ = probe_module
     folder.mkdir(parents=True, exist_ok=True)
-    model = module.ProbeClassifier(delay_s=delay_s).fit(np.zeros((3, PROBE_FEATURES)),
-                                                        np.array([0, 1, 2]))
+    log = None if calls_log is None else str(calls_log)
+    model = module.ProbeClassifier(delay_s=delay_s, calls_log=log).fit(
+        np.zeros((3, PROBE_FEATURES)), np.array([0, 1, 2]))
     path = folder / f"{name}.joblib"
     joblib.dump(model, path)
     return model, path
@@ -384,10 +392,11 @@ def open_gate(probe_module: tuple[ModuleType, Path], gate: int) -> None:
 
 @contextlib.contextmanager
 def probe_runtime(probe_module: tuple[ModuleType, Path], workdir: Path, *, name: str = "probe",
-                  delay_s: float = 0.0, fallback: bool = False,
+                  delay_s: float = 0.0, fallback: bool = False, calls_log: Path | None = None,
                   **config: Any) -> Iterator[tuple[RuntimeServer, Any]]:
-    """A runtime serving a probe model; yields the server and the model object it serves."""
-    model, path = make_probe(probe_module, workdir, f"{name}-primary", delay_s)
+    """A runtime serving a probe model; yields the server and the model object it serves
+    (``calls_log``: where the primary logs its model calls, see :func:`make_probe`)."""
+    model, path = make_probe(probe_module, workdir, f"{name}-primary", delay_s, calls_log)
     models = [file_model(path)]
     if fallback:
         _, fallback_path = make_probe(probe_module, workdir, f"{name}-fallback", delay_s)
