@@ -43,11 +43,12 @@ KUBE_VERSION ?= v1.37.2
 CLUSTER_TESTS := tests/operator tests/chart/test_chart_install.py
 
 # hack/kube/build.py prints progress on stderr and the folder of binaries on stdout; without Go
-# it stops with one line saying so.
+# it stops with one line saying so. Two pytest-xdist workers: the control-plane tests in one
+# (one control plane), the other modules shared between both (tests/conftest.py groups them).
 test: install-test
 	@bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" \
-	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest
+	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -n 2 --dist loadgroup
 
 test-kube: install-test
 	@bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \

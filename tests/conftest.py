@@ -96,3 +96,15 @@ def namespace(admin: Client, request: pytest.FixtureRequest) -> Iterator[str]:
     with contextlib.suppress(ApiError):  # no CRD yet: nothing to delete
         admin.request("DELETE", admin.path("inferenceservices", name))
     admin.delete("namespaces", None, name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (what ``make test`` runs): every test that
+    uses the control plane goes to one worker, so a session starts one control plane, and the
+    other tests go module by module, so a module's server fixtures start once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        uses_cluster = "cluster" in getattr(item, "fixturenames", ())
+        group = "kube" if uses_cluster else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
