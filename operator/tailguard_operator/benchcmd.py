@@ -115,34 +115,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_spec(path: Path) -> tuple[str, float]:
+    """The name and SLO (ms) of the InferenceService in ``path`` (:func:`.serving.read_service`).
+
+    Raises:
+        BenchRefused: the file cannot be read or is not a valid InferenceService.
+    """
     from .benchtarget import BenchRefused
-    from .spec import SpecError, find_object, parse
+    from .serving import Unusable, read_service
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BenchRefused(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        isvc = parse(find_object(text, str(path)))
-    except SpecError as exc:
-        more = f" (and {len(exc.errors) - 1} more; tailguard validate lists them)" if len(
-            exc.errors) > 1 else ""
-        raise BenchRefused(f"{path} is not a valid InferenceService: {exc.errors[0]}{more}")
+        isvc, _ = read_service(path)
+    except Unusable as exc:
+        raise BenchRefused(str(exc)) from None
     return isvc.name, float(isvc.slo.p99_latency_ms)
 
 
 def _serve(spec: Path, args: argparse.Namespace) -> Any:
+    """``tailguard up`` for ``spec`` (:func:`.serving.start`), its progress line unless --json.
+
+    Raises:
+        BenchRefused: it did not start.
+    """
     from .benchtarget import BenchRefused
-    from .upproc import UpFailed, start_up
+    from .serving import ServeFailed, start
 
     if not args.json:
         print(f"starting tailguard up {spec} ...", file=sys.stderr, flush=True)
     try:
-        return start_up(spec)
-    except UpFailed as exc:
-        printed = [line for line in str(exc).splitlines()[1:] if line.strip()]
-        raise BenchRefused(f"tailguard up {spec} did not start: "
-                           f"{printed[-1] if printed else 'no output'}") from exc
+        return start(spec)
+    except ServeFailed as exc:
+        raise BenchRefused(str(exc)) from None
 
 
 def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, ...], source: str,
