@@ -12,10 +12,11 @@ only as far as status and body end; no coroutine per request. Each connection ca
 at a time (no pipelining, so one slow answer never delays another) and stays open (keep-alive);
 a connection the server closes is dropped and a new one opened when needed, and a request that
 met a just-closed idle connection before any answer byte is sent once more on a fresh one (as
-HTTP clients do). Open loop: a timer issues every request due within :data:`EARLY_S` of now
-(event-loop timers are only millisecond-precise); latency counts from the scheduled time, or from
-the actual send when that was earlier, so neither a late generator nor a busy connection pool
-makes a latency look shorter than it was.
+HTTP clients do). Open loop: a timer ticks at most once a millisecond (event-loop timers are
+only millisecond-precise) and issues every request due within
+:data:`~.loadplan.ISSUE_AHEAD_S` of now (:func:`~.loadplan.next_tick_in`); latency counts from
+the scheduled time, or from the actual send when that was earlier, so neither a late generator
+nor a busy connection pool makes a latency look shorter than it was.
 """
 
 from __future__ import annotations
@@ -33,12 +34,10 @@ from typing import Any, Callable, Coroutine
 import numpy as np
 
 from .httpwire import ResponseParser
-from .loadplan import (Bounds, ClosedLoop, LoadResult, OpenLoop, Schedule, arrival_offsets, judge,
-                       percentiles_ms)
+from .loadplan import (ISSUE_AHEAD_S, Bounds, ClosedLoop, LoadResult, OpenLoop, Schedule,
+                       arrival_offsets, judge, next_tick_in, percentiles_ms)
 from .promview import ServerSnapshot, scrape
 
-EARLY_S = 0.001
-"""Open loop: requests due within this many seconds are issued together by one timer tick."""
 TICK_S = 0.1
 """Period of the timeout watchdog and of progress reports, s."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -395,7 +394,7 @@ def _start_ticks(run: _Run, at: list[float]) -> None:
 
     def tick() -> None:
         now = time.perf_counter()
-        horizon = now + EARLY_S
+        horizon = now + ISSUE_AHEAD_S
         k = state["next"]
         cap = run.bounds.max_requests
         while k < n and at[k] <= horizon and run.issued < cap:
@@ -407,7 +406,7 @@ def _start_ticks(run: _Run, at: list[float]) -> None:
             run.dispatch(i, start)
         state["next"] = k
         if k < n and run.issued < cap and not run.stopping:
-            run.loop.call_later(max(0.0, at[k] - EARLY_S - time.perf_counter()), tick)
+            run.loop.call_later(next_tick_in(at[k], time.perf_counter()), tick)
 
     run.loop.call_soon(tick)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailguard_operator.loadplan import (Bounds, LoadResult, OpenLoop, arrival_offsets, judge,
-                                         outcome, parse_rates, percentiles_ms, sweep_verdict)
+from tailguard_operator.loadplan import (ISSUE_AHEAD_S, TICK_MIN_S, Bounds, LoadResult, OpenLoop,
+                                         arrival_offsets, judge, next_tick_in, outcome,
+                                         parse_rates, percentiles_ms, sweep_verdict)
 
 
 def test_poisson_arrivals_have_the_asked_mean_rate_and_stay_inside_the_horizon() -> None:
@@ -98,3 +99,11 @@ def test_bounds_refuse_nonsense_naming_the_field() -> None:
         Bounds(duration_s=0)
     with pytest.raises(ValueError, match="^max_connections must be >= 1, got 0$"):
         Bounds(max_connections=0)
+
+
+def test_the_open_loop_timer_never_waits_less_than_a_millisecond_and_is_early_otherwise() -> None:
+    # libuv timers count whole ms: a shorter wait would round to 0 and spin the loop
+    assert next_tick_in(10.0, 10.0) == TICK_MIN_S == 0.001
+    assert next_tick_in(10.0 + ISSUE_AHEAD_S + 0.0002, 10.0) == TICK_MIN_S
+    assert next_tick_in(9.0, 10.0) == TICK_MIN_S  # already late: tick again soon, not at once
+    assert next_tick_in(10.5, 10.0) == pytest.approx(0.5 - ISSUE_AHEAD_S)
