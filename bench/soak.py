@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/soak.py                    # about 3 minutes
     .venv/bin/python bench/soak.py --duration 30 --ab-rounds 0
+    .venv/bin/python bench/soak.py --duration 20 --ab-rounds 0 --hostile bombs,padded
 
 What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
 
@@ -19,7 +20,7 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    bodies that inflate to 16 MiB, 1 posting 512 rows padded to 16 MiB, 200 idle sockets, 1,500
    sockets sending one header line every 5 s, 20 bodies sent one byte a second, and 59 requests
    a second holding ``1e300`` (poison for a float32 forest). Meanwhile: the server's RSS every
-   0.25 s, and a health probe on a new connection every 0.5 s.
+   0.25 s, and a health probe on a new connection every 0.5 s from a process of its own.
 5. Unless ``--ab-rounds 0``: req/s at 64 clients (``bench/loadgen.py``, the README's reference
    model and settings: a shell over the same generator, closed loop) of the runtime before this
    change (``--before`` git ref, exported with ``git archive``) and after it (this tree),
@@ -214,7 +215,11 @@ def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -
 class Hostile:
     """Every hostile client of issue 9, in threads, until :meth:`stop`. Counts what it did."""
 
-    def __init__(self, url: str, port: int, n_features: int) -> None:
+    KINDS = ("pipeliners", "bombs", "padded", "sockets", "poison")
+    """The parts of the mix, as ``--hostile`` names them."""
+
+    def __init__(self, url: str, port: int, n_features: int,
+                 kinds: Sequence[str] = KINDS) -> None:
         self.url, self.port, self.n_features = url, port, n_features
         self.done = threading.Event()
         self.counts: dict[str, int] = {}
@@ -227,9 +232,10 @@ class Hostile:
         poison_row = [0.0] * n_features
         poison_row[3] = 1e300
         self.poison = json.dumps({"instances": [poison_row]}).encode()
-        self.threads = [threading.Thread(target=t, daemon=True) for t in (
-            self._pipeliners, self._bombs, self._bombs, self._padded, self._sockets,
-            self._poison)]
+        targets = {"pipeliners": [self._pipeliners], "bombs": [self._bombs, self._bombs],
+                   "padded": [self._padded], "sockets": [self._sockets], "poison": [self._poison]}
+        self.threads = [threading.Thread(target=t, daemon=True)
+                        for kind in kinds for t in targets[kind]]
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -360,26 +366,68 @@ class Hostile:
                 sock.close()
 
 
-class Watch:
-    """The server's RSS every 0.25 s and a health probe on a new connection every 0.5 s."""
+def probe_once(port: int, timeout_s: float = 5.0) -> tuple[float, str | None]:
+    """One health probe as a kubelet sends it: a new connection, ``GET /v2/health/live``, the
+    answer read to its end. Returns its seconds and None, or the seconds until it failed and
+    why (a status other than 200, a timeout, a refused or reset connection)."""
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+            sock.settimeout(max(0.01, timeout_s - (time.monotonic() - started)))
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Connection: close\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+    except OSError as exc:
+        return time.monotonic() - started, type(exc).__name__
+    took = time.monotonic() - started
+    return took, None if answer.startswith(b"HTTP/1.1 200 ") else answer[:12].decode(
+        "latin-1", "replace")
 
-    def __init__(self, pid: int, url: str) -> None:
-        self.pid, self.url = pid, url
+
+def prober(port: int, seconds: float, every_s: float = 0.5) -> dict[str, Any]:
+    """:func:`probe_once` every ``every_s`` s for ``seconds``: ``{"probe_s": [...],
+    "failures": [...]}``. Run in its own process (see :class:`Watch`)."""
+    times: list[float] = []
+    failures: list[str] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        took, failure = probe_once(port)
+        times.append(round(took, 4))
+        if failure:
+            failures.append(failure)
+        time.sleep(max(0.0, every_s - took))
+    return {"probe_s": times, "failures": failures}
+
+
+class Watch:
+    """The server's RSS every 0.25 s (a thread here), and a health probe on a new connection
+    every 0.5 s from a process of its own (:func:`prober`), so that the hostile mix's threads,
+    which share this process's GIL, cannot delay the probe and make the server look slow."""
+
+    def __init__(self, pid: int, url: str, seconds: float) -> None:
+        self.pid, self.url, self.seconds = pid, url, seconds
         self.rss_mib: list[float] = []
         self.probe_s: list[float] = []
         self.probe_failures: list[str] = []
         self.done = threading.Event()
-        self.threads = [threading.Thread(target=self._rss, daemon=True),
-                        threading.Thread(target=self._probe, daemon=True)]
+        self.thread = threading.Thread(target=self._rss, daemon=True)
+        self.probe: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
+        self.thread.start()
+        self.probe = subprocess.Popen(
+            [PYTHON, str(Path(__file__).resolve()), "--probe", self.url, "--duration",
+             str(self.seconds)], stdout=subprocess.PIPE, text=True, preexec_fn=_raise_priority)
 
     def stop(self) -> None:
         self.done.set()
-        for thread in self.threads:
-            thread.join(timeout=10)
+        self.thread.join(timeout=10)
+        if self.probe is not None:
+            out, _ = self.probe.communicate(timeout=self.seconds + 30)
+            report = json.loads(out.strip().splitlines()[-1])
+            self.probe_s, self.probe_failures = report["probe_s"], report["failures"]
 
     def _rss(self) -> None:
         while not self.done.wait(0.25):
@@ -387,18 +435,6 @@ class Watch:
                 for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
                         self.rss_mib.append(int(line.split()[1]) / 1024)
-
-    def _probe(self) -> None:
-        while not self.done.wait(0.5):
-            started = time.monotonic()
-            try:
-                code = httpx.get(self.url + "/v2/health/live", timeout=5).status_code
-                self.probe_s.append(time.monotonic() - started)
-                if code != 200:
-                    self.probe_failures.append(str(code))
-            except httpx.HTTPError as exc:
-                self.probe_s.append(time.monotonic() - started)
-                self.probe_failures.append(type(exc).__name__)
 
 
 # -- before/after at 64 clients -------------------------------------------------------------------
@@ -466,14 +502,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ab-seconds", type=float, default=6.0)
     parser.add_argument("--before", default="main", help="git ref of the runtime before the change under test (main "
                         "just before issue 9 was merged: 737b294)")
+    parser.add_argument("--hostile", default=",".join(Hostile.KINDS),
+                        help="which parts of the hostile mix run (comma-separated; default all)")
     parser.add_argument("--hard-fd-limit", action="store_true",
                         help="also cap the server's hard open-file limit at 1,024")
     parser.add_argument("--good-client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe:
+        print(json.dumps(prober(int(args.probe.rsplit(":", 1)[1]), args.duration)))
+        return 0
     if args.good_client:
         print(json.dumps(openloop(args.good_client, args.rate, args.duration)))
         return 0
+    kinds = [k for k in args.hostile.split(",") if k]
+    if unknown := set(kinds) - set(Hostile.KINDS):
+        raise SystemExit(f"soak: unknown --hostile {sorted(unknown)}; "
+                         f"choose from {','.join(Hostile.KINDS)}")
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         raise SystemExit("soak: needs taskset and 2 cores")
     global HARD_FD_LIMIT
@@ -494,8 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"good client at {good_rate:.0f} req/s, alone")
             report["alone"] = good_client(url, good_rate, args.duration)
             log(f"alone: {report['alone']}")
-            hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64)
-            watch = Watch(proc.pid, url)
+            hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64, kinds)
+            watch = Watch(proc.pid, url, args.duration + 2.0)
             watch.start()
             hostile.start()
             time.sleep(2.0)  # let the mix build up

@@ -30,8 +30,9 @@ from .control import add_control_routes
 from .errors import (BodyTimeout, Draining, GraceEnded, IncompleteBody, InvalidInput,
                      ModelFailed, NotReady, PayloadTooLarge, TailguardError)
 from .models import Predictor, check_input_range
-from .protocol import (V2Request, decode_v1, decode_v2, decompress, encode_error, encode_v1,
-                       encode_v2, max_valid_body_bytes, parse_timeout_header)
+from .protocol import (V2Request, check_stated_size, decode_v1, decode_v2, decompress,
+                       encode_error, encode_v1, encode_v2, max_valid_body_bytes,
+                       parse_timeout_header)
 from .service import Runtime, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,8 @@ class InferenceApp:
             if encoding is None and len(body) <= INLINE_DECODE_BYTES:
                 decoded = self._decode(body, encoding, predictor, v2)
             else:
+                if encoding is not None:  # a gzip bomb that says so is refused here, cheaply
+                    check_stated_size(body, encoding, self.max_body)
                 decoded = await asyncio.get_running_loop().run_in_executor(
                     self._decoder, self._decode, body, encoding, predictor, v2)
             if isinstance(decoded, V2Request):

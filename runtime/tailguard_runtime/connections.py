@@ -9,10 +9,15 @@ builds a subclass that adds, per connection:
 
 * an idle timeout from the moment of connecting (uvicorn's keep-alive timeout, seconds);
 * a deadline for a request's head (``request_head_timeout_s`` from its first byte) and for its
-  body (``request_body_timeout_s`` from the end of its head): 408 and close;
+  body (``request_body_timeout_s`` from the end of its head): 408 and close (checked by one
+  sweep over the connections, see :data:`SWEEP_MAX_S`);
 * at most ``max_pipelined`` parsed and unanswered requests; past that, the rest of what was
   read is held unparsed and reading pauses until answers go out;
-* a deadline for a client that does not read its answers (``send_stall_timeout_s`` while the
+* no reading from a client that does not read its answers: while more than
+  :data:`MAX_UNREAD_BYTES` of answers wait in the kernel's send queue (``TIOCOUTQ``), nothing
+  more of that connection is read or parsed, so a client pipelining cheap requests cannot keep
+  the event loop busy answering into a socket it never drains;
+* a deadline for such a client (``send_stall_timeout_s`` while its answers stay unread, or the
   write buffer stays above its high-water mark): close;
 
 and, per process, a cap of ``max_connections`` open connections: a connection past the cap
@@ -26,8 +31,11 @@ to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import resource
+import struct
+import termios
 from typing import Any
 
 from .http11 import JsonHttpProtocol
@@ -46,6 +54,36 @@ connection in one go before the connections evicted for them release their descr
 at the limit libuv drops pending connections, good ones included."""
 
 MAX_DEFAULT_CONNECTIONS = 16384
+
+SWEEP_MIN_S = 0.05
+SWEEP_MAX_S = 1.0
+"""Head and body deadlines are checked by one sweep over the open connections every quarter of
+the shorter timeout, within these bounds (s), instead of a timer armed and cancelled twice per
+request: a deadline fires up to one sweep late (at most 1 s, for the default 10 s and 30 s)."""
+
+MAX_UNREAD_BYTES = 64 * 1024
+"""Bytes of answers a client may leave unread in the kernel's send queue before the server
+stops reading its further requests: hundreds of small answers, or one large one, in flight to
+it. A client that reads drains the queue within a round trip, so only one that does not read
+ever waits on this."""
+UNREAD_POLL_S = 0.05
+"""How often a connection held by :data:`MAX_UNREAD_BYTES` checks whether its client read, s."""
+_OUTQ = getattr(termios, "TIOCOUTQ", None)
+"""Linux's ioctl for the bytes in a socket's send queue not yet acknowledged by the peer
+(``SIOCOUTQ`` in ``tcp(7)``); None elsewhere, where only the write-buffer stall applies."""
+
+
+def unread_bytes(fd: int) -> int:
+    """Bytes written to the TCP socket ``fd`` that its peer has not acknowledged yet: on a
+    connection whose client stopped reading, the answers it left unread once its receive
+    buffer is full (``SIOCOUTQ``, ``tcp(7)``). 0 where the ioctl is missing or fails."""
+    if _OUTQ is None or fd < 0:
+        return 0
+    try:
+        queued: int = struct.unpack("i", fcntl.ioctl(fd, _OUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+    return queued
 
 
 def default_max_connections() -> int:
@@ -101,6 +139,18 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
                          f"too many open connections ({max_connections}), all of them busy",
                          b"retry-after: 1\r\n")
 
+    sweep_s = min(SWEEP_MAX_S, max(SWEEP_MIN_S, min(head_timeout_s, body_timeout_s) / 4))
+    sweeper: dict[str, asyncio.TimerHandle | None] = {"handle": None}
+    """The one timer checking every connection's head and body deadlines, while any is open."""
+
+    def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        now = loop.time()
+        for conn in list(connections):
+            if isinstance(conn, BoundedHttpToolsProtocol):
+                conn.check_deadlines(now)
+        sweeper["handle"] = (loop.call_later(sweep_s, _sweep, loop, connections)
+                             if connections else None)
+
     fresh: dict[BoundedHttpToolsProtocol, None] = {}
     """Idle connections that never completed a request, longest idle first (dicts keep
     order): evicted first, so sockets that never send a whole request cannot push out the
@@ -115,19 +165,28 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
             super().__init__(*args, **kwargs)
             self._held = b""
             self._served = False
-            self._head_timer: asyncio.TimerHandle | None = None
-            self._body_timer: asyncio.TimerHandle | None = None
+            self._head_deadline = 0.0  # loop time by which the head must be complete; 0: none
+            self._body_deadline = 0.0  # the same for the body
             self._stall_timer: asyncio.TimerHandle | None = None
+            self._unread_timer: asyncio.TimerHandle | None = None
+            self._unread_since = 0.0
+            self._fd = -1
+            self._body_left = 0  # bytes of the current body still to come, when its length is known
 
         # -- connections ---------------------------------------------------------------------
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            self._fd = sock.fileno() if sock is not None else -1
             self._mark_idle()
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler)
             if len(self.connections) > max_connections:
                 self._make_room()
+            if sweeper["handle"] is None:
+                sweeper["handle"] = self.loop.call_later(sweep_s, _sweep, self.loop,
+                                                         self.connections)
 
         def _mark_idle(self) -> None:
             """Queue this connection for eviction, behind those idle longer."""
@@ -169,16 +228,20 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
             super().connection_lost(exc)
 
         def _cancel_timers(self) -> None:
-            for timer in (self._head_timer, self._body_timer, self._stall_timer):
+            for timer in (self._stall_timer, self._unread_timer):
                 if timer is not None:
                     timer.cancel()
-            self._head_timer = self._body_timer = self._stall_timer = None
+            self._stall_timer = self._unread_timer = None
+            self._head_deadline = self._body_deadline = 0.0
 
         # -- reading, with at most max_pipelined requests parsed and unanswered ---------------
 
         def data_received(self, data: bytes) -> None:
             if self._held:
                 data, self._held = self._held + data, b""
+            if self._unread_timer is not None or (self.pipeline and self._client_behind()):
+                self._hold_for_reader(data)
+                return
             self._feed(data)
 
         def _feed(self, data: bytes) -> None:
@@ -190,44 +253,86 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
                 super().data_received(data)
                 return
             view = memoryview(data)
-            for start in range(0, len(data), FEED_SLICE_BYTES):
+            start = 0
+            while start < len(data):
                 if self.parser is None or self.transport.is_closing():
                     return
                 if len(self.pipeline) >= max_pipelined:
                     self._held = bytes(view[start:])
                     self.flow.pause_reading()
                     return
-                super().data_received(bytes(view[start:start + FEED_SLICE_BYTES]))
+                # the rest of a body of known length goes in one piece: slices are only for
+                # counting pipelined requests as they are parsed
+                step = max(FEED_SLICE_BYTES, self._body_left)
+                super().data_received(bytes(view[start:start + step]))
+                start += step
 
         def on_response_complete(self) -> None:
             self._served = True
             super().on_response_complete()
             if self._idle():
                 self._mark_idle()
-            if self._held and not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self._unread_timer is not None or (self._held and self._client_behind()):
+                self._hold_for_reader(self._held)  # uvicorn resumed reading: pause it again
+            elif self._held:
                 held, self._held = self._held, b""
+                self._feed(held)
+
+        # -- clients that do not read their answers ------------------------------------------
+
+        def _client_behind(self) -> bool:
+            return unread_bytes(self._fd) > MAX_UNREAD_BYTES
+
+        def _hold_for_reader(self, data: bytes) -> None:
+            """Keep ``data`` unparsed and stop reading until the client reads its answers."""
+            self._held = data
+            self.flow.pause_reading()
+            if self._unread_timer is None:
+                self._unread_since = self.loop.time()
+                self._unread_timer = self.loop.call_later(UNREAD_POLL_S, self._check_reader)
+
+        def _check_reader(self) -> None:
+            self._unread_timer = None
+            if self.transport.is_closing():
+                return
+            if self._client_behind():
+                if self.loop.time() - self._unread_since >= stall_timeout_s:
+                    self._stalled()
+                else:
+                    self._unread_timer = self.loop.call_later(UNREAD_POLL_S, self._check_reader)
+                return
+            held, self._held = self._held, b""
+            if len(self.pipeline) < max_pipelined and (self.cycle is None
+                                                       or self.cycle.response_complete):
+                self.flow.resume_reading()
+            if held:
                 self._feed(held)
 
         # -- head and body deadlines ---------------------------------------------------------
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+            self._head_deadline = self.loop.time() + head_timeout_s
 
         def on_headers_complete(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+            self._head_deadline = 0.0
             self._unmark_idle()
             super().on_headers_complete()
-            if self._body_timer is not None:  # an upgrade head parsed again (see http11)
-                self._body_timer.cancel()
-            self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
+            self._body_deadline = self.loop.time() + body_timeout_s
+            self._body_left = 0
+            for name, value in self.headers:
+                if name == b"content-length" and value.isdigit():
+                    self._body_left = int(value)
+
+        def on_body(self, body: bytes) -> None:
+            self._body_left -= len(body)
+            super().on_body(body)
 
         def on_message_complete(self) -> None:
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
+            self._body_left = 0
+            self._body_deadline = 0.0
             super().on_message_complete()
 
         def _waiting_on_us(self) -> bool:
@@ -235,31 +340,36 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
             wait for the server (see ``_feed``), not for the client."""
             return bool(self.pipeline) or bool(self._held)
 
-        def _head_timeout(self) -> None:
-            self._head_timer = None
+        def check_deadlines(self, now: float) -> None:
+            """Called by the sweep: answer 408 to a head or body past its deadline."""
+            if 0.0 < self._head_deadline <= now:
+                self._head_timeout(now)
+            if 0.0 < self._body_deadline <= now:
+                self._body_timeout(now)
+
+        def _head_timeout(self, now: float) -> None:
+            self._head_deadline = 0.0
             if self.transport.is_closing():
                 return
             if self._waiting_on_us() or not self._idle():
-                self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
+                self._head_deadline = now + head_timeout_s
                 return
             self.transport.write(head_408)
             self.transport.close()
 
-        def _body_timeout(self) -> None:
-            self._body_timer = None
+        def _body_timeout(self, now: float) -> None:
+            self._body_deadline = 0.0
             cycle = self.cycle
             if self.transport.is_closing() or cycle is None or not cycle.more_body:
                 return
             if self._waiting_on_us():
-                self._body_timer = self.loop.call_later(body_timeout_s, self._body_timeout)
+                self._body_deadline = now + body_timeout_s
                 return
             if not cycle.response_started:
                 cycle.disconnected = True  # the app's own reply, if any, is dropped
                 cycle.message_event.set()
                 self.transport.write(body_408)
             self.transport.close()
-
-        # -- clients that do not read their answers ------------------------------------------
 
         def pause_writing(self) -> None:
             super().pause_writing()

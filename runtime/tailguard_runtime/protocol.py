@@ -207,8 +207,39 @@ def encode_error(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip member (RFC 1952, section 2.3.1)."""
+GZIP_MIN_BYTES = 18
+"""The shortest gzip member: a 10-byte header, an empty deflate block and the 8-byte trailer."""
+MAX_DEFLATE_RATIO = 1032
+"""The most deflate can compress: 1032 to 1 (zlib's technical details, zlib.net/zlib_tech.html)."""
+
+
+def check_stated_size(body: bytes, encoding: bytes, limit: int) -> None:
+    """Refuse a gzip ``body`` whose trailer states an inflated size over ``limit`` bytes
+    (``ISIZE``, the input's length modulo 2**32: RFC 1952, section 2.3.1), without inflating
+    it: cheap enough for the event loop. A stated size deflate cannot reach from this many
+    bytes (over :data:`MAX_DEFLATE_RATIO` times the body) is not a size but the tail of a
+    truncated or padded stream, and is left to :func:`decompress` to name; so is a trailer that
+    understates the size, which inflating up to ``limit`` catches. Other encodings pass.
+
+    Raises:
+        PayloadTooLarge: the trailer states more than ``limit`` bytes.
+    """
+    if encoding.strip().lower() != b"gzip" or body[:2] != GZIP_MAGIC \
+            or len(body) < GZIP_MIN_BYTES:
+        return
+    stated = int.from_bytes(body[-4:], "little")
+    if limit < stated <= MAX_DEFLATE_RATIO * len(body):
+        raise PayloadTooLarge(f"decompressed body would be {stated} bytes (its gzip trailer "
+                              f"says), over the limit of {limit} bytes")
+
+
 def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
     """Undo a ``Content-Encoding`` of ``gzip`` or ``deflate`` (``identity`` passes through).
+
+    A gzip body whose trailer states more than ``limit`` is refused before any of it is
+    inflated (:func:`check_stated_size`); inflating never goes past ``limit + 1`` bytes.
 
     Raises:
         InvalidInput: another encoding (415); a corrupt stream, a bad checksum or length, a
@@ -222,6 +253,7 @@ def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
     if name not in (b"gzip", b"deflate"):
         raise InvalidInput(f"Content-Encoding {name.decode(errors='replace')!r} is not supported; "
                            "use gzip, deflate or none", 415)
+    check_stated_size(body, name, limit)
     inflater = zlib.decompressobj(wbits=47 if name == b"gzip" else 15)  # 47: gzip or zlib header
     try:
         out = inflater.decompress(body, limit + 1)

@@ -124,6 +124,34 @@ def test_compressed_bodies_are_inflated_within_the_limit() -> None:
     assert info.value.status_code == 400
 
 
+def test_a_gzip_trailer_stating_more_than_the_limit_is_refused_before_inflating() -> None:
+    import gzip
+    import zlib
+
+    from tailguard_runtime.errors import PayloadTooLarge
+    from tailguard_runtime.protocol import decompress
+
+    bomb = gzip.compress(b" " * 4_000_000)
+    with pytest.raises(PayloadTooLarge, match="would be 4000000 bytes .its gzip trailer says"):
+        decompress(bomb, b"gzip", 1024)
+    # a trailer that understates the size: inflated up to the limit, then refused all the same
+    lying = bomb[:-4] + (100).to_bytes(4, "little")
+    with pytest.raises(PayloadTooLarge, match="decompressed body exceeds the limit"):
+        decompress(lying, b"gzip", 1024)
+    # and one that understates a body inside the limit: zlib's own length check refuses it
+    small = gzip.compress(b" " * 500)
+    with pytest.raises(InvalidInput) as info:
+        decompress(small[:-4] + (100).to_bytes(4, "little"), b"gzip", 1024)
+    assert info.value.status_code == 400
+    # a size deflate cannot reach from so few bytes is the tail of a cut stream, not a size
+    cut = gzip.compress(b'{"instances": [[1, 2]]}')[:-3]
+    with pytest.raises(InvalidInput, match="not valid gzip data") as info:
+        decompress(cut + b"\xff\xff\xff", b"gzip", 1024)
+    assert info.value.status_code == 400
+    # a zlib (deflate) stream has no size trailer: its last bytes are a checksum, not read as one
+    assert decompress(zlib.compress(b" " * 1000), b"deflate", 1024) == b" " * 1000
+
+
 def test_too_many_rows_are_refused_before_their_data_is_converted() -> None:
     from tailguard_runtime.errors import PayloadTooLarge
 

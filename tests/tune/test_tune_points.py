@@ -74,7 +74,6 @@ def test_a_point_the_crd_refuses_is_refused_before_anything_is_served() -> None:
 
 
 def test_rows_come_from_the_builtin_dataset_or_a_file_never_invented(tmp_path: Path) -> None:
-    import numpy as np
     isvc = load_file(SPEC)
     rows, source = service_rows(isvc, None, 4)
     assert rows.shape == (150, 4) and "iris" in source
