@@ -22,21 +22,25 @@ V1 = "/v1/models/iris:predict"
 ROW = [5.1, 3.5, 1.4, 0.2]
 
 
+def iris_waiting(max_wait_ms: int, timeout_ms: int) -> dict[str, object]:
+    """An iris forest config whose forming batch may wait ``max_wait_ms`` for batch-mates and
+    whose requests allow ``timeout_ms`` by default."""
+    return {"name": "iris", "models": [{"role": "primary", "uri": "builtin://iris/random-forest"}],
+            "batching": batching(max_batch_size=8, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms)}
+
+
 @pytest.fixture(scope="module")
 def waiting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
     """A forming batch may wait 300 ms for batch-mates; requests allow 2 s by default."""
-    config = {"name": "iris", "models": [{"role": "primary", "uri": "builtin://iris/random-forest"}],
-              "batching": batching(max_batch_size=8, max_wait_ms=300, timeout_ms=2000)}
-    with running_runtime(config, tmp_path_factory.mktemp("hostile")) as server:
+    with running_runtime(iris_waiting(300, 2000), tmp_path_factory.mktemp("hostile")) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def long_window_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
     """A forming batch may wait 3 s for batch-mates; requests allow 10 s by default."""
-    config = {"name": "iris", "models": [{"role": "primary", "uri": "builtin://iris/random-forest"}],
-              "batching": batching(max_batch_size=8, max_wait_ms=3000, timeout_ms=10_000)}
-    with running_runtime(config, tmp_path_factory.mktemp("long-window")) as server:
+    with running_runtime(iris_waiting(3000, 10_000),
+                         tmp_path_factory.mktemp("long-window")) as server:
         yield server
 
 
