@@ -26,9 +26,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
+from .admission import RefusalPacer
 from .control import add_control_routes
 from .errors import (BodyTimeout, Draining, GraceEnded, IncompleteBody, InvalidInput,
-                     ModelFailed, NotReady, PayloadTooLarge, TailguardError)
+                     ModelFailed, NotReady, Overloaded, PayloadTooLarge, TailguardError)
+from .metrics import REFUSALS_DELAYED
 from .models import Predictor, check_input_range
 from .protocol import (V2Request, check_stated_size, decode_v1, decode_v2, decompress,
                        encode_error, encode_v1, encode_v2, max_valid_body_bytes,
@@ -52,6 +54,9 @@ INLINE_DECODE_BYTES = 64 * 1024
 """Plain bodies up to this size are decoded on the event loop (well under 1 ms); larger or
 compressed ones in the decode thread, so one big body never holds the loop for its whole
 parse (measured: a 512x64 body of full-precision floats takes about 6 ms to decode)."""
+UNPACED = (BodyTimeout, IncompleteBody, Overloaded)
+"""4xx answers never delayed by the :class:`RefusalPacer`: a slow or cut-off body (the client
+is gone or its connection is closed), and 429 (load shedding, not the client's fault)."""
 
 
 class InferenceApp:
@@ -78,6 +83,10 @@ class InferenceApp:
         self.headers = {role: (JSON_HEADERS + s.headers, CLOSING_HEADERS + s.headers)
                         for role, s in runtime.models.items()}
         """Per role: the reply headers with keep-alive, and with ``Connection: close``."""
+        limits = runtime.settings.connections
+        self.pacer = RefusalPacer(limits.refusals_per_s, limits.refusals_per_s,
+                                  limits.refusal_delay_s)
+        self._count_delayed = REFUSALS_DELAYED.labels(runtime.name).inc
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -249,8 +258,15 @@ class InferenceApp:
         go on the reply), ``served`` the same once the request passed readiness (its metrics
         count the reply). ``close``: end the connection after the reply; for a body refused
         unread, since keeping the connection means receiving and discarding all of it (16 MiB
-        bodies sent back to back took most of a core)."""
+        bodies sent back to back took most of a core). A 4xx past the refusal budget is
+        answered late (:class:`~tailguard_runtime.admission.RefusalPacer`); its metrics and
+        stats count from ``now``, as if it had been answered at once."""
         runtime = self.runtime
+        if 400 <= exc.status_code < 500 and not isinstance(exc, UNPACED):
+            delay_s = self.pacer.delay(now)
+            if delay_s:
+                self._count_delayed()
+                await asyncio.sleep(delay_s)
         keep = runtime.keep_alive and not close
         if resolved is None:
             headers = JSON_HEADERS if keep else CLOSING_HEADERS

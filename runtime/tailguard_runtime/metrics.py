@@ -17,6 +17,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_active_model`` | gauge | 1 for the role that traffic goes to, else 0 |
 | ``tailguard_slo_p99_latency_seconds`` | gauge | the declared p99 SLO (when configured) |
 | ``tailguard_rollbacks_total`` | counter | SLO guard rollbacks (labels ``model``, ``reason``) |
+| ``tailguard_refusals_delayed_total`` | counter | refusals answered late, past the refusal budget (label ``model``) |
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ ROLLBACKS = Counter("tailguard_rollbacks",
                     "Automatic rollbacks by the SLO guard, by the breach that caused them.",
                     ("model", "reason"))
 ROLLBACK_REASONS = ("latency", "deadline", "errors")
+REFUSALS_DELAYED = Counter("tailguard_refusals_delayed",
+                           "Refusals (4xx for the client's own request) answered after the "
+                           "refusal delay, past the refusal budget.", ("model",))
 """The breach kinds of :mod:`tailguard_operator.policy`, in the order it reports them."""
 
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",

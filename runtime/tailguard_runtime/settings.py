@@ -67,6 +67,15 @@ class ConnectionSettings:
     max_pipelined: int = 16
     """``maxPipelinedRequests``: most requests one connection may have parsed and unanswered;
     past it the server stops reading from that connection until answers go out."""
+    refusals_per_s: float = 50.0
+    """``refusalsPerSecond``: refusals (4xx answers to a client's own request: a body too
+    large, invalid rows, an unknown model) answered at once, per second, over the whole
+    process, with a burst of as many; past it each is answered after ``refusal_delay_s``
+    (:class:`~tailguard_runtime.admission.RefusalPacer`)."""
+    refusal_delay_s: float = 0.25
+    """``refusalDelaySeconds``: how long a refusal past ``refusals_per_s`` waits before its
+    answer; a client sending refused requests back to back gets about four answers a second
+    per connection."""
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> "ConnectionSettings":
@@ -86,6 +95,8 @@ class ConnectionSettings:
             send_stall_timeout_s=float(raw.get("sendStallTimeoutSeconds",
                                                cls.send_stall_timeout_s)),
             max_pipelined=int(raw.get("maxPipelinedRequests", cls.max_pipelined)),
+            refusals_per_s=float(raw.get("refusalsPerSecond", cls.refusals_per_s)),
+            refusal_delay_s=float(raw.get("refusalDelaySeconds", cls.refusal_delay_s)),
         )
         for key, value in (("maxConnections", 1 if made.max_connections is None
                             else made.max_connections),
@@ -93,7 +104,9 @@ class ConnectionSettings:
                            ("requestHeadTimeoutSeconds", made.request_head_timeout_s),
                            ("requestBodyTimeoutSeconds", made.request_body_timeout_s),
                            ("sendStallTimeoutSeconds", made.send_stall_timeout_s),
-                           ("maxPipelinedRequests", made.max_pipelined)):
+                           ("maxPipelinedRequests", made.max_pipelined),
+                           ("refusalsPerSecond", made.refusals_per_s),
+                           ("refusalDelaySeconds", made.refusal_delay_s)):
             if not value > 0:
                 raise ValueError(f"connections.{key} must be positive, got {value}")
         return made

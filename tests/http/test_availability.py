@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from http_harness import RuntimeServer, batching, error_of, running_runtime, scrape
+from tailguard_runtime.connections import EXPIRE_BATCH
 
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 IRIS_V1 = "/v1/models/iris:predict"
@@ -223,8 +224,10 @@ def test_connections_that_send_nothing_are_closed_at_the_keep_alive_timeout(
 
 def test_a_head_sent_one_line_at_a_time_gets_408_at_the_head_deadline(
         bounded: RuntimeServer) -> None:
-    """1,500 connections sending one header line every 5 s stayed open for 60 s."""
-    socks = [connect(bounded) for _ in range(20)]
+    """1,500 connections sending one header line every 5 s stayed open for 60 s. More expire
+    at once here than one event-loop iteration closes (``EXPIRE_BATCH``): the rest must be
+    closed in the next ones."""
+    socks = [connect(bounded) for _ in range(EXPIRE_BATCH + 8)]
     answers = {i: b"" for i in range(len(socks))}
     closed: set[int] = set()
     started = time.monotonic()
@@ -409,3 +412,63 @@ def test_values_a_forest_cannot_take_are_refused_before_batching(
         assert model_calls(client) == before
         fine = client.post(DIGITS_V1, json={"instances": [[3.4e38] + [0.0] * 63]})
         assert fine.status_code == 200
+
+
+# -- refusals sent back to back ------------------------------------------------------------------
+
+REFUSALS_PER_S = 20
+REFUSAL_DELAY_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
+    """iris with a budget of :data:`REFUSALS_PER_S` refusals a second, the rest answered
+    after :data:`REFUSAL_DELAY_S`."""
+    config = {"name": "iris",
+              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
+              "batching": batching(max_batch_size=8, timeout_ms=10_000),
+              "connections": {"refusalsPerSecond": REFUSALS_PER_S,
+                              "refusalDelaySeconds": REFUSAL_DELAY_S}}
+    with running_runtime(config, tmp_path_factory.mktemp("paced")) as server:
+        yield server
+
+
+def test_requests_refused_back_to_back_are_answered_at_the_refusal_pace(
+        paced: RuntimeServer) -> None:
+    """Each refusal is cheap, but two clients sending gzip bombs back to back were answered
+    about 900 times a second and took a third of the core beside the good client. Past the
+    refusal budget each refusal now waits before its answer; valid requests never do."""
+    answers: list[int] = []
+    lock = threading.Lock()
+
+    def refused(stop: threading.Event) -> None:
+        with paced.client(timeout=30) as client:
+            while not stop.is_set():
+                code = client.post(IRIS_V1, content=b'{"instances": [[1, 2,').status_code
+                with lock:
+                    answers.append(code)
+
+    started = time.monotonic()
+    stop, threads = in_background(refused, 2)
+    latencies: list[float] = []
+    try:
+        with paced.client(timeout=30) as client:
+            while time.monotonic() - started < 3.0:
+                began = time.perf_counter()
+                reply = client.post(IRIS_V1, json={"instances": [[5.1, 3.5, 1.4, 0.2]]})
+                latencies.append(time.perf_counter() - began)
+                assert reply.status_code == 200, reply.text
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    elapsed = time.monotonic() - started
+    assert set(answers) == {400}
+    # the budget and its refill answer at once; past it, each connection one per delay
+    at_once = REFUSALS_PER_S * (1 + elapsed)
+    assert len(answers) <= at_once + 2 * (elapsed / REFUSAL_DELAY_S + 1), (len(answers), elapsed)
+    with paced.client() as client:
+        delayed = scrape(client)[("tailguard_refusals_delayed_total", (("model", "iris"),))]
+    assert delayed >= 2
+    assert max(latencies) < REFUSAL_DELAY_S * 0.75, f"a valid request waited {max(latencies):.2f} s"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard_runtime.admission import DrainEstimate, admit
+from tailguard_runtime.admission import DrainEstimate, RefusalPacer, admit
 from tailguard_runtime.errors import Overloaded, PayloadTooLarge
 
 
@@ -59,3 +59,30 @@ def test_an_idle_model_admits_whatever_a_stale_estimate_says() -> None:
     _admit(queued_rows=0, estimate=estimate, busy=False, time_left_s=0.5)
     with pytest.raises(Overloaded):
         _admit(queued_rows=0, estimate=estimate, busy=True, time_left_s=0.5)
+
+
+def test_refusals_within_the_budget_are_answered_at_once_and_the_rest_late() -> None:
+    pacer = RefusalPacer(rate_per_s=10.0, burst=3.0, delay_s=0.25)
+    assert [pacer.delay(100.0) for _ in range(4)] == [0.0, 0.0, 0.0, 0.25]
+    assert pacer.delay(100.05) == 0.25  # half a token refilled: not enough
+    # 1.5 tokens more since the last refusal: two in the bucket, then none
+    assert [pacer.delay(100.2) for _ in range(3)] == [0.0, 0.0, 0.25]
+
+
+def test_an_idle_bucket_refills_to_its_burst_and_no_further() -> None:
+    pacer = RefusalPacer(rate_per_s=10.0, burst=3.0, delay_s=0.25)
+    for _ in range(3):
+        pacer.delay(0.0)
+    later = [pacer.delay(3600.0) for _ in range(4)]
+    assert later == [0.0, 0.0, 0.0, 0.25]
+
+
+def test_a_client_refused_in_a_loop_gets_about_one_answer_per_delay_past_the_budget() -> None:
+    """Simulated back-to-back refusals on one connection: answers come no faster than the
+    budget plus one per delay."""
+    pacer = RefusalPacer(rate_per_s=50.0, burst=50.0, delay_s=0.25)
+    now, answers = 0.0, 0
+    while now < 10.0:
+        now += 0.0004 + pacer.delay(now)  # 0.4 ms to refuse, then the pacer's wait
+        answers += 1
+    assert answers <= 50 + 50 * 10 + 10 / 0.25

@@ -19,14 +19,16 @@ def test_connection_bounds_are_read_in_their_units() -> None:
     settings = RuntimeSettings.from_config({"name": "iris", "models": MODELS, "connections": {
         "maxConnections": 48, "keepAliveSeconds": 2, "requestHeadTimeoutSeconds": 1.5,
         "requestBodyTimeoutSeconds": 3, "sendStallTimeoutSeconds": 4,
-        "maxPipelinedRequests": 8}})
+        "maxPipelinedRequests": 8, "refusalsPerSecond": 5, "refusalDelaySeconds": 0.5}})
     assert settings.connections == ConnectionSettings(
         max_connections=48, keep_alive_s=2.0, request_head_timeout_s=1.5,
-        request_body_timeout_s=3.0, send_stall_timeout_s=4.0, max_pipelined=8)
+        request_body_timeout_s=3.0, send_stall_timeout_s=4.0, max_pipelined=8,
+        refusals_per_s=5.0, refusal_delay_s=0.5)
 
 
 @pytest.mark.parametrize("key", ["maxConnections", "requestHeadTimeoutSeconds",
-                                 "maxPipelinedRequests"])
+                                 "maxPipelinedRequests", "refusalsPerSecond",
+                                 "refusalDelaySeconds"])
 def test_a_bound_that_is_not_positive_is_refused_naming_it(key: str) -> None:
     with pytest.raises(ValueError, match=f"connections.{key} must be positive"):
         RuntimeSettings.from_config({"name": "iris", "models": MODELS,
