@@ -182,7 +182,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
             self._unread_timer: asyncio.TimerHandle | None = None
             self._unread_since = 0.0
             self._fd = -1
-            self._body_left = 0  # bytes of the current body still to come, when its length is known
+            self._body_seen = 0  # bytes of the current request's body parsed so far
 
         # -- connections ---------------------------------------------------------------------
 
@@ -250,6 +250,10 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
         def data_received(self, data: bytes) -> None:
             if self._held:
                 data, self._held = self._held + data, b""
+            if not self.pipeline and self._unread_timer is None \
+                    and len(data) <= FEED_SLICE_BYTES:
+                super().data_received(data)  # the common case: one request, nothing waiting
+                return
             if self._unread_timer is not None or (self.pipeline and self._client_behind()):
                 self._hold_for_reader(data)
                 return
@@ -274,15 +278,15 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
                     return
                 # the rest of a body of known length goes in one piece: slices are only for
                 # counting pipelined requests as they are parsed
-                step = max(FEED_SLICE_BYTES, self._body_left)
+                step = max(FEED_SLICE_BYTES, self._body_left())
                 super().data_received(bytes(view[start:start + step]))
                 start += step
 
         def on_response_complete(self) -> None:
             self._served = True
             super().on_response_complete()
-            if self._idle():
-                self._mark_idle()
+            if not self.pipeline and (self.cycle is None or self.cycle.response_complete):
+                served[self] = None  # idle again (on_headers_complete took it out of both)
             if self.transport.is_closing():
                 return
             if self._unread_timer is not None or (self._held and self._client_behind()):
@@ -329,22 +333,29 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
 
         def on_headers_complete(self) -> None:
             self._head_deadline = 0.0
-            self._unmark_idle()
+            fresh.pop(self, None)
+            served.pop(self, None)
             super().on_headers_complete()
             self._body_deadline = self.loop.time() + body_timeout_s
-            self._body_left = 0
-            for name, value in self.headers:
-                if name == b"content-length" and value.isdigit():
-                    self._body_left = int(value)
+            self._body_seen = 0
 
         def on_body(self, body: bytes) -> None:
-            self._body_left -= len(body)
+            self._body_seen += len(body)
             super().on_body(body)
 
         def on_message_complete(self) -> None:
-            self._body_left = 0
             self._body_deadline = 0.0
             super().on_message_complete()
+
+        def _body_left(self) -> int:
+            """Bytes of the current request's body still to come; 0 between requests or when
+            its length is not stated (read only when slicing a large read)."""
+            if self._body_deadline == 0.0:
+                return 0
+            for name, value in self.headers:
+                if name == b"content-length" and value.isdigit():
+                    return max(0, int(value) - self._body_seen)
+            return 0
 
         def _waiting_on_us(self) -> bool:
             """Earlier requests of this connection are still unanswered: its unparsed bytes

@@ -13,13 +13,20 @@
   the route answers as HTTP, a 404 JSON error for any path that is not a route. ``CONNECT``
   (an upgrade by method) is refused with 405.
 
+* **A response's head and body go out in one write.** uvicorn writes the status line and
+  headers, then the body, each with its own ``transport.write``, and uvloop sends each at once:
+  two ``send(2)`` calls, and two TCP segments for the client to read, per answer. Here the head
+  waits for the first part of the body (:class:`OneWriteResponse`), and both go out together.
+
 Everything else (keep-alive, pipelining, flow control, the ASGI cycle) is uvicorn's own
 ``HttpToolsProtocol`` (uvicorn 0.54, ``uvicorn/protocols/http/httptools_impl.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -36,6 +43,48 @@ with ``Upgrade: h2c``)."""
 MAX_URL_BYTES = 8192
 """Longest request target, in bytes (nginx's default header buffer, 8 KiB); a longer one is
 a 414 (every route of the runtime is well under 1 KiB)."""
+
+
+class OneWriteResponse:
+    """The transport one request's cycle writes through: the first write after the response
+    starts (uvicorn's status line and headers) is held until the next one (the body, or its
+    first chunk), and the two go out in one ``writelines``. A ``HEAD`` answer has no body, so
+    its head goes out at once; ``close`` sends a held head first. Anything else is the
+    connection's transport's."""
+
+    __slots__ = ("_transport", "_cycle", "_head", "_started")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.writelines((head, data))
+        elif not self._started and self._cycle.response_started:
+            self._started = True
+            if self._cycle.scope["method"] == "HEAD":
+                self._transport.write(data)
+            else:
+                self._head = data
+        else:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class UrlTooLong(Exception):
@@ -83,6 +132,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if not self.parser.should_upgrade():
             super().on_headers_complete()
+            self.cycle.transport = OneWriteResponse(self.transport, self.cycle)
             return
         method = self.parser.get_method()
         if method == b"CONNECT":
