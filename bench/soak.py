@@ -179,7 +179,7 @@ def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
     host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
     bodies = tuple(json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP64",
                                            "data": row.tolist()}]}).encode() for row in x[:256])
-    target = Target(host, int(port), "/v2/models/digits/infer", bodies, metrics_path=None)
+    target = Target(host, int(port), "/v2/models/digits/infer", bodies)
     result = run_sync(run_load(target, OpenLoop(rate), Bounds(
         duration_s=duration_s, warmup_s=GOOD_WARMUP_S, timeout_s=GOOD_TIMEOUT_S,
         max_connections=256)))

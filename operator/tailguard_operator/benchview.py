@@ -111,6 +111,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
             ("batches", lambda v: f"{v['batches']:,}"),
             ("rows per batch: mean / p99", lambda v: f"{_n(v['batch_rows']['mean'], '.1f')} / "
                                                      f"{_n(v['batch_rows']['p99'], 'g')}"),
+            ("server p99 ms (body in to answer)", lambda v: _n(v.get("request_p99_ms"), "g")),
             ("queue wait p99 ms", lambda v: _n(v["queue_wait_p99_ms"], "g")),
             ("model ms per batch: mean / p99", lambda v: (
                 f"{_n(v['model_ms_per_batch']['mean'], '.2f')} / "

@@ -75,8 +75,11 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
 
     Keys: ``requests`` (answers by HTTP code), ``rejections`` (by reason), ``batches`` (model
     calls), ``batch_rows`` (``mean``, ``p50``, ``p99`` rows per call, and ``buckets``: rows
-    edge -> calls in that bucket), ``queue_wait_p99_ms`` and ``model_ms_per_batch`` (``mean``,
-    ``p99``) in ms; histogram percentiles are bucket edges. Counts absent from the page are 0.
+    edge -> calls in that bucket), ``request_p99_ms`` (the server's own latency of admitted
+    requests, body received to answer: what is left of the client's when the network and the
+    client's machine are taken out), ``queue_wait_p99_ms`` and ``model_ms_per_batch``
+    (``mean``, ``p99``) in ms; histogram percentiles are bucket edges. Counts absent from the
+    page are 0.
     """
     codes = {dict(labels).get("code", "?"): int(round(v)) for labels, v in
              _delta(before, after, "tailguard_requests_total").items() if round(v)}
@@ -84,6 +87,7 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
                _delta(before, after, "tailguard_rejections_total").items() if round(v)}
     rows, calls, rows_sum = _histogram(before, after, "tailguard_batch_size_rows")
     waits, _, _ = _histogram(before, after, "tailguard_queue_wait_seconds")
+    answers, _, _ = _histogram(before, after, "tailguard_request_duration_seconds")
     model, model_calls, model_s = _histogram(before, after, "tailguard_batch_duration_seconds")
     per_bucket: dict[str, int] = {}
     previous = 0.0
@@ -98,6 +102,7 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
         "batch_rows": {"mean": round(rows_sum / calls, 2) if calls else None,
                        "p50": bucket_quantile(rows, 0.50), "p99": bucket_quantile(rows, 0.99),
                        "buckets": per_bucket},
+        "request_p99_ms": _ms(bucket_quantile(answers, 0.99)),
         "queue_wait_p99_ms": _ms(bucket_quantile(waits, 0.99)),
         "model_ms_per_batch": {"mean": round(1e3 * model_s / model_calls, 3) if model_calls
                                else None, "p99": _ms(bucket_quantile(model, 0.99))},

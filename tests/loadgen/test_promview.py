@@ -21,6 +21,8 @@ def test_two_reads_give_what_the_server_saw_in_between_summed_over_roles() -> No
                      buckets=(0.001, 0.002, 0.005, 0.01, 0.05), registry=registry)
     model = Histogram("tailguard_batch_duration_seconds", "", LABELS,
                       buckets=(0.001, 0.002, 0.005, 0.01, 0.05), registry=registry)
+    answered = Histogram("tailguard_request_duration_seconds", "", LABELS,
+                         buckets=(0.005, 0.01, 0.02, 0.05), registry=registry)
     primary, fallback = ("d", "1", "primary"), ("d", "1", "fallback")
     requests.labels(*primary, "200").inc(7)  # before the window: never counted
     rows.labels(*primary).observe(30)
@@ -37,6 +39,8 @@ def test_two_reads_give_what_the_server_saw_in_between_summed_over_roles() -> No
         wait.labels(*primary).observe(seconds)
     for seconds in (0.0015, 0.0015, 0.0015, 0.0015, 0.008):
         model.labels(*primary).observe(seconds)
+    for seconds in [0.004] * 95 + [0.03] * 5:
+        answered.labels(*primary).observe(seconds)
     after = parse_snapshot(generate_latest(registry).decode())
 
     view = server_view(before, after)
@@ -46,6 +50,7 @@ def test_two_reads_give_what_the_server_saw_in_between_summed_over_roles() -> No
     assert view["batch_rows"] == {"mean": 6.2, "p50": 4.0, "p99": 16.0,
                                   "buckets": {"1": 1, "4": 2, "8": 1, "16": 1}}
     assert view["queue_wait_p99_ms"] == 5.0  # 99 of 100 waits are at most 5 ms
+    assert view["request_p99_ms"] == 50.0  # 5 of 100 answers took 30 ms: the 50 ms bucket
     assert view["model_ms_per_batch"] == {"mean": 2.8, "p99": 10.0}
 
 
@@ -56,5 +61,6 @@ def test_an_empty_window_and_bucket_edges() -> None:
     view = server_view(page, page)
     assert view["batches"] == 0 and view["batch_rows"]["mean"] is None
     assert view["queue_wait_p99_ms"] is None and view["requests"] == {}
+    assert view["request_p99_ms"] is None
     assert bucket_quantile([(1.0, 0.0), (float("inf"), 0.0)], 0.99) is None
     assert bucket_quantile([(1.0, 0.0), (float("inf"), 3.0)], 0.5) == float("inf")
