@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -136,8 +136,9 @@ class JsonHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if not self.parser.should_upgrade():
             super().on_headers_complete()
-            self.cycle.transport = OneWriteResponse(self.transport,
-                                                    self.scope["method"] == "HEAD")
+            # the cycle uses write, close and is_closing; OneWriteResponse has them
+            self.cycle.transport = cast(asyncio.Transport, OneWriteResponse(
+                self.transport, self.scope["method"] == "HEAD"))
             return
         method = self.parser.get_method()
         if method == b"CONNECT":

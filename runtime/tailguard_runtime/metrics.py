@@ -60,10 +60,10 @@ ROLLBACKS = Counter("tailguard_rollbacks",
                     "Automatic rollbacks by the SLO guard, by the breach that caused them.",
                     ("model", "reason"))
 ROLLBACK_REASONS = ("latency", "deadline", "errors")
+"""The breach kinds of :mod:`tailguard_operator.policy`, in the order it reports them."""
 REFUSALS_DELAYED = Counter("tailguard_refusals_delayed",
                            "Refusals (4xx for the client's own request) answered after the "
                            "refusal delay, past the refusal budget.", ("model",))
-"""The breach kinds of :mod:`tailguard_operator.policy`, in the order it reports them."""
 
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",
                      "incomplete_body", "too_large", "invalid_input", "draining",
