@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=60.0,
                         help="seconds of the good client alone, then beside the hostile mix")
-    parser.add_argument("--rates", default="100,200,400,700,1000,1400",
+    parser.add_argument("--rates", default="100,200,400,700,1000,1400,2000,2800",
                         help="calibration rates, req/s")
     parser.add_argument("--calibrate-seconds", type=float, default=4.0)
     parser.add_argument("--ab-rounds", type=int, default=3,

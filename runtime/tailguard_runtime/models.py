@@ -136,8 +136,11 @@ def forest_predict_proba(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
     them in order into a float64 array that it divides by the tree count. With ``n_jobs=1`` the
     dispatch is most of the cost: about 5 ms of a 6 ms call for 100 trees, whatever the row count
     (measured on the reference forest, see ``bench/``). This does the same arithmetic in the same
-    order through the same public per-tree method, so the result is identical (tested); it keeps
-    the finiteness check, which a float32 conversion can fail (``1e39`` becomes ``inf``).
+    order, so the result is identical (tested); it keeps the finiteness check, which a float32
+    conversion can fail (``1e39`` becomes ``inf``). Each tree is asked through its fitted
+    ``tree_.predict`` (what ``DecisionTreeClassifier.predict_proba`` returns, sliced to the
+    classes, after its fitted and feature-count checks): those checks took two thirds of the
+    call, 3.3 ms against 1.0 ms for 5 rows on the 200-tree digits forest (scikit-learn 1.9).
 
     Single-output forests only; ``X`` is ``(n_rows, n_features)``; returns
     ``(n_rows, n_classes)`` float64.
@@ -145,7 +148,7 @@ def forest_predict_proba(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
     Raises:
         ValueError: ``X`` holds values that are not finite in float32.
     """
-    trees = list(forest.estimators_)
+    trees = [tree.tree_ for tree in forest.estimators_]
     n_classes = int(forest.n_classes_)
     if getattr(forest, "n_outputs_", 1) != 1:
         return forest.predict_proba  # type: ignore[no-any-return]
@@ -157,7 +160,7 @@ def forest_predict_proba(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
             raise ValueError("Input contains infinity or a value too large for dtype('float32').")
         total = np.zeros((x32.shape[0], n_classes), dtype=np.float64)
         for tree in trees:
-            total += tree.predict_proba(x32, check_input=False)
+            total += tree.predict(x32)[:, :n_classes]
         total /= len(trees)
         return total
 
