@@ -285,8 +285,8 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
         def on_response_complete(self) -> None:
             self._served = True
             super().on_response_complete()
-            if not self.pipeline and (self.cycle is None or self.cycle.response_complete):
-                served[self] = None  # idle again (on_headers_complete took it out of both)
+            if self._idle():
+                self._mark_idle()
             if self.transport.is_closing():
                 return
             if self._unread_timer is not None or (self._held and self._client_behind()):
@@ -333,8 +333,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
 
         def on_headers_complete(self) -> None:
             self._head_deadline = 0.0
-            fresh.pop(self, None)
-            served.pop(self, None)
+            self._unmark_idle()
             super().on_headers_complete()
             self._body_deadline = self.loop.time() + body_timeout_s
             self._body_seen = 0
