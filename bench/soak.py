@@ -1,6 +1,6 @@
 """A bounded soak: the hostile mix of issue 9 beside a good client, against a real runtime.
 
-    .venv/bin/python bench/soak.py                    # about 3 minutes
+    .venv/bin/python bench/soak.py                    # about 4 minutes
     .venv/bin/python bench/soak.py --duration 30 --ab-rounds 0
     .venv/bin/python bench/soak.py --duration 20 --ab-rounds 0 --hostile bombs,padded
 

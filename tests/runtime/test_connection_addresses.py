@@ -1,0 +1,121 @@
+"""A connection's ``server`` and ``client`` (the ASGI scope's) come from the addresses the
+transport recorded at accept, over real TCP on uvloop: the same values uvicorn's own lookup
+gives, without asking a socket object (whose system calls release the GIL to the model's
+thread, once per connection)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any, Callable
+
+import pytest
+import uvicorn
+import uvloop
+from uvicorn.server import ServerState
+
+from tailguard_runtime.connections import bounded_protocol
+from tailguard_runtime.http11 import JsonHttpProtocol
+from tailguard_runtime.settings import ConnectionSettings
+
+
+async def echo_addresses(scope: dict, receive: Callable, send: Callable) -> None:
+    body = json.dumps({"client": scope["client"], "server": scope["server"]}).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def ask(family: socket.AddressFamily, host: str, protocol_class: type) -> dict[str, Any]:
+    """Serve :func:`echo_addresses` on ``host`` with ``protocol_class``; one request from a
+    blocking client socket; the scope's addresses as seen by the app, and the true ones."""
+    config = uvicorn.Config(echo_addresses, ws="none", lifespan="off", access_log=False,
+                            log_config=None)
+    config.load()
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: protocol_class(config=config, server_state=ServerState(), app_state={}),
+            host, 0, family=family)
+        listening = server.sockets[0].getsockname()
+        client = socket.socket(family)
+        try:
+            await loop.sock_connect(client, listening)
+            await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            reply = b""
+            while not reply.endswith(b"}"):
+                reply += await loop.sock_recv(client, 4096)
+            seen = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+            return {"seen": seen, "client": list(client.getsockname()[:2]),
+                    "server": list(listening[:2])}
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+
+    return uvloop.run(main())
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+FAMILIES = [pytest.param(socket.AF_INET, "127.0.0.1", id="ipv4"),
+            pytest.param(socket.AF_INET6, "::1", id="ipv6",
+                         marks=pytest.mark.skipif(not has_ipv6_loopback(),
+                                                  reason="no IPv6 loopback here"))]
+
+
+@pytest.mark.parametrize("family,host", FAMILIES)
+@pytest.mark.parametrize("bounded", [False, True], ids=["json-errors", "connection-bounds"])
+def test_the_scope_holds_the_connections_true_addresses(family: socket.AddressFamily,
+                                                        host: str, bounded: bool) -> None:
+    protocol_class = bounded_protocol(ConnectionSettings()) if bounded else JsonHttpProtocol
+    got = ask(family, host, protocol_class)
+    assert got["seen"] == {"client": got["client"], "server": got["server"]}
+    assert got["seen"]["client"][0] == host
+
+
+def test_connection_made_asks_no_socket_object() -> None:
+    """uvicorn's lookup goes through ``get_extra_info("socket")``; ours must not."""
+    asked: list[str] = []
+
+    class Recording(asyncio.Transport):
+        def __init__(self, real: asyncio.Transport) -> None:
+            super().__init__()
+            self.real = real
+
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            asked.append(name)
+            return self.real.get_extra_info(name, default)
+
+    config = uvicorn.Config(echo_addresses, ws="none", lifespan="off", access_log=False,
+                            log_config=None)
+    config.load()
+
+    async def main() -> tuple[Any, Any]:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            peer = socket.create_connection(listener.getsockname())
+            ours, _ = listener.accept()
+        try:
+            real, _ = await asyncio.get_running_loop().connect_accepted_socket(
+                asyncio.Protocol, ours)
+            protocol = JsonHttpProtocol(config=config, server_state=ServerState(), app_state={})
+            protocol.connection_made(Recording(real))
+            addresses = (protocol.server, protocol.client)
+            protocol.connections.discard(protocol)
+            real.close()
+            return addresses, peer.getsockname()
+        finally:
+            peer.close()
+
+    (server, client), peer_address = uvloop.run(main())
+    assert "socket" not in asked
+    assert client == peer_address[:2] and server[0] == "127.0.0.1"
