@@ -24,8 +24,12 @@ and, per process, a cap of ``max_connections`` open connections: a connection pa
 evicts the one that has been idle longest (no request in progress, or a head still incomplete;
 those that never completed a request first), or is refused with 503 when every connection
 has a request in progress. :func:`raise_fd_limit` lifts the soft open-file limit first, so the
-cap is rarely what holds. What to serve is left
-to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
+cap is rarely what holds.
+
+Every connection closed to keep a bound is counted in ``tailguard_connections_closed_total``
+by reason, and logged as one summary line at most every :data:`LOG_EVERY_S` seconds
+(:class:`EventTally`): a flood of connections must not become a flood of log lines. What to
+serve is left to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import termios
 from typing import Any
 
 from .http11 import JsonHttpProtocol
+from .metrics import CONNECTION_CLOSE_REASONS, CONNECTIONS_CLOSED
 from .settings import ConnectionSettings
 
 logger = logging.getLogger(__name__)
@@ -75,6 +80,41 @@ UNREAD_POLL_S = 0.05
 _OUTQ = getattr(termios, "TIOCOUTQ", None)
 """Linux's ioctl for the bytes in a socket's send queue not yet acknowledged by the peer
 (``SIOCOUTQ`` in ``tcp(7)``); None elsewhere, where only the write-buffer stall applies."""
+
+
+LOG_EVERY_S = 10.0
+"""Seconds between two log lines about connections closed to keep the bounds."""
+
+
+class EventTally:
+    """Counts of events by kind, for a log line at most every ``every_s`` seconds.
+
+    Under a connection flood the bounds close hundreds of connections a second; a log line
+    each would flood the log, and each write to stderr releases the GIL to the model's thread
+    and waits to get it back. The first event is reported at once; those after it, with the
+    first event at least ``every_s`` later (what comes after the last report stays unlogged;
+    the Prometheus counter has every one).
+    """
+
+    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self.counts: dict[str, int] = {}
+        self.since = 0.0
+        self._next_report = float("-inf")
+
+    def add(self, kind: str, now: float) -> tuple[dict[str, int], float] | None:
+        """Count one ``kind`` at ``now`` (monotonic seconds). When a report is due: the counts
+        by kind since the last one, and the seconds they span (0 for the first), and the
+        counting starts afresh; otherwise ``None``."""
+        if not self.counts:
+            self.since = now
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if now < self._next_report:
+            return None
+        report = (self.counts, now - self.since)
+        self.counts = {}
+        self._next_report = now + self.every_s
+        return report
 
 
 def unread_bytes(fd: int) -> int:
@@ -125,11 +165,11 @@ def raw_error(status: int, reason: str, message: str, extra: bytes = b"") -> byt
                                                  len(body), body))
 
 
-def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
+def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[JsonHttpProtocol]:
     """A subclass of :class:`~tailguard_runtime.http11.JsonHttpProtocol` (uvicorn's httptools
     protocol with JSON errors for malformed HTTP) enforcing ``settings`` (pass it as uvicorn's
     ``Config.http``). Timeouts are in seconds; ``settings.max_connections`` ``None`` means
-    :func:`default_max_connections`."""
+    :func:`default_max_connections`. ``model`` labels ``tailguard_connections_closed_total``."""
     max_connections = settings.max_connections or default_max_connections()
     head_timeout_s = settings.request_head_timeout_s
     body_timeout_s = settings.request_body_timeout_s
@@ -142,6 +182,23 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
     full_503 = raw_error(503, "Service Unavailable",
                          f"too many open connections ({max_connections}), all of them busy",
                          b"retry-after: 1\r\n")
+
+    count_closed = {reason: CONNECTIONS_CLOSED.labels(model, reason).inc
+                    for reason in CONNECTION_CLOSE_REASONS}
+    tally = EventTally()
+
+    def closed(reason: str, now: float) -> None:
+        """Count one connection closed to keep a bound; log the tally when one is due."""
+        count_closed[reason]()
+        report = tally.add(reason, now)
+        if report is not None:
+            counts, seconds = report
+            logger.warning("closed %d connection(s) to keep the connection bounds%s: %s "
+                           "(connection cap %d; see tailguard_connections_closed_total)",
+                           sum(counts.values()),
+                           f" in the last {seconds:.0f} s" if seconds else "",
+                           ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())),
+                           max_connections)
 
     sweep_s = min(SWEEP_MAX_S, max(SWEEP_MIN_S, min(head_timeout_s, body_timeout_s) / 4))
     sweeper: dict[str, asyncio.TimerHandle | None] = {"handle": None}
@@ -223,14 +280,12 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
                             and not candidate.transport.is_closing():
                         victim = candidate
             if victim is not None:
-                logger.info("connection cap %d reached: closing the longest idle connection",
-                            max_connections)
                 victim.transport.close()
+                closed("evicted", self.loop.time())
             else:
-                logger.warning("connection cap %d reached, every connection busy: refusing",
-                               max_connections)
                 self.transport.write(full_503)
                 self.transport.close()
+                closed("refused", self.loop.time())
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._unmark_idle()
@@ -377,6 +432,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
                 return
             self.transport.write(head_408)
             self.transport.close()
+            closed("head_timeout", now)
 
         def _body_timeout(self, now: float) -> None:
             self._body_deadline = 0.0
@@ -391,6 +447,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
                 cycle.message_event.set()
                 self.transport.write(body_408)
             self.transport.close()
+            closed("body_timeout", now)
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -405,8 +462,7 @@ def bounded_protocol(settings: ConnectionSettings) -> type[JsonHttpProtocol]:
 
         def _stalled(self) -> None:
             self._stall_timer = None
-            logger.info("aborting a connection whose client read no answer for %g s",
-                        stall_timeout_s)
-            self.transport.abort()  # close() would wait for the buffer to drain: for ever
+            self.transport.abort()
+            closed("send_stall", self.loop.time())  # close() would wait for the buffer to drain: for ever
 
     return BoundedHttpToolsProtocol

@@ -18,6 +18,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_slo_p99_latency_seconds`` | gauge | the declared p99 SLO (when configured) |
 | ``tailguard_rollbacks_total`` | counter | SLO guard rollbacks (labels ``model``, ``reason``) |
 | ``tailguard_refusals_delayed_total`` | counter | refusals answered late, past the refusal budget (label ``model``) |
+| ``tailguard_connections_closed_total`` | counter | connections closed to keep the per-connection bounds (labels ``model``, ``reason``) |
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ ROLLBACK_REASONS = ("latency", "deadline", "errors")
 REFUSALS_DELAYED = Counter("tailguard_refusals_delayed",
                            "Refusals (4xx for the client's own request) answered after the "
                            "refusal delay, past the refusal budget.", ("model",))
+CONNECTIONS_CLOSED = Counter("tailguard_connections_closed",
+                             "Connections the server closed to keep its per-connection bounds "
+                             "(tailguard_runtime.connections), by reason.", ("model", "reason"))
+CONNECTION_CLOSE_REASONS = ("evicted", "refused", "head_timeout", "body_timeout", "send_stall")
+"""``evicted``: the longest idle connection, closed for a new one at the connection cap;
+``refused``: a new one answered 503 at the cap, every connection busy; ``head_timeout`` and
+``body_timeout``: a request's head or body not complete in time (408; the body's is also a
+``slow_body`` rejection); ``send_stall``: a client that read no answer in time."""
 
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",
                      "incomplete_body", "too_large", "invalid_input", "draining",

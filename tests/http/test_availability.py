@@ -24,6 +24,7 @@ import pytest
 
 from http_harness import RuntimeServer, batching, error_of, running_runtime, scrape
 from tailguard_runtime.connections import EXPIRE_BATCH
+from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS
 
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 IRIS_V1 = "/v1/models/iris:predict"
@@ -47,6 +48,17 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]
                               "maxPipelinedRequests": 16}}
     with running_runtime(config, tmp_path_factory.mktemp("bounded")) as server:
         yield server
+
+
+def closed_by_reason(server: RuntimeServer) -> dict[str, float]:
+    """``tailguard_connections_closed_total`` by reason, every reason present from the start."""
+    with server.client() as client:
+        samples = scrape(client)
+    counts = {dict(labels)["reason"]: value for (name, labels), value in samples.items()
+              if name == "tailguard_connections_closed_total"
+              and dict(labels)["model"] == server.name}
+    assert set(counts) == set(CONNECTION_CLOSE_REASONS), counts
+    return counts
 
 
 def rss_mib(pid: int) -> float:
@@ -227,6 +239,7 @@ def test_a_head_sent_one_line_at_a_time_gets_408_at_the_head_deadline(
     """1,500 connections sending one header line every 5 s stayed open for 60 s. More expire
     at once here than one event-loop iteration closes (``EXPIRE_BATCH``): the rest must be
     closed in the next ones."""
+    before = closed_by_reason(bounded)
     socks = [connect(bounded) for _ in range(EXPIRE_BATCH + 8)]
     answers = {i: b"" for i in range(len(socks))}
     closed: set[int] = set()
@@ -263,6 +276,8 @@ def test_a_head_sent_one_line_at_a_time_gets_408_at_the_head_deadline(
             assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
             assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"].startswith(
                 "request head not complete")
+    after = closed_by_reason(bounded)
+    assert after["head_timeout"] - before["head_timeout"] >= len(socks), (before, after)
 
 
 def test_a_body_that_never_completes_gets_408(bounded: RuntimeServer) -> None:
@@ -282,6 +297,8 @@ def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
     socks: list[socket.socket] = []
     codes: list[int] = []
     most_fds = 0
+    before = closed_by_reason(bounded)
+    log_lines = bounded.log_text().count("to keep the connection bounds")
     try:
         for round_ in range(6):
             for _ in range(CAP):
@@ -298,6 +315,12 @@ def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
             sock.close()
     assert codes == [200] * 6
     assert most_fds < CAP + 40, most_fds  # the cap, plus the listener, pipes and libraries
+    evicted = closed_by_reason(bounded)["evicted"] - before["evicted"]
+    assert evicted >= 4 * CAP, evicted  # counted one by one...
+    # ...and logged as a tally (connections.EventTally): a line at most every LOG_EVERY_S, not
+    # one per connection; the first since the server started went out at once
+    lines = bounded.log_text().count("to keep the connection bounds")
+    assert lines >= 1 and lines - log_lines <= 2, bounded.log_text()[-2000:]
 
 
 # -- the event loop: bodies that can never be valid, and big ones that are -----------------------
