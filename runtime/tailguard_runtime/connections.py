@@ -91,15 +91,15 @@ class EventTally:
 
     Under a connection flood the bounds close hundreds of connections a second; a log line
     each would flood the log, and each write to stderr releases the GIL to the model's thread
-    and waits to get it back. The first event is reported at once; those after it, with the
-    first event at least ``every_s`` later (what comes after the last report stays unlogged;
-    the Prometheus counter has every one).
+    and waits to get it back. The first event is reported at once; later ones are tallied and
+    reported together with the first event at least ``every_s`` after the previous report (a
+    tally still open when events stop stays unreported; the Prometheus counter has them all).
     """
 
     def __init__(self, every_s: float = LOG_EVERY_S) -> None:
         self.every_s = every_s
         self.counts: dict[str, int] = {}
-        self.since = 0.0
+        self._since = 0.0
         self._next_report = float("-inf")
 
     def add(self, kind: str, now: float) -> tuple[dict[str, int], float] | None:
@@ -107,11 +107,11 @@ class EventTally:
         by kind since the last one, and the seconds they span (0 for the first), and the
         counting starts afresh; otherwise ``None``."""
         if not self.counts:
-            self.since = now
+            self._since = now
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if now < self._next_report:
             return None
-        report = (self.counts, now - self.since)
+        report = (self.counts, now - self._since)
         self.counts = {}
         self._next_report = now + self.every_s
         return report
@@ -462,7 +462,9 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
 
         def _stalled(self) -> None:
             self._stall_timer = None
-            self.transport.abort()
-            closed("send_stall", self.loop.time())  # close() would wait for the buffer to drain: for ever
+            if self.transport.is_closing():
+                return
+            self.transport.abort()  # close() would wait for the buffer to drain: for ever
+            closed("send_stall", self.loop.time())
 
     return BoundedHttpToolsProtocol
