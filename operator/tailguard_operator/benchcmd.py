@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cliargs import add_load_window, add_max_lag, add_rows
+
 if TYPE_CHECKING:  # numpy and the generator load only when bench runs
     from .benchtarget import TargetURL
     from .loadplan import Bounds, LoadResult
@@ -39,25 +41,19 @@ def add_parser(sub: Any) -> None:
     load.add_argument("--concurrency", type=int, help="closed loop: N requests in flight")
     cmd.add_argument("--arrivals", choices=("poisson", "uniform"), default="poisson",
                      help="open-loop arrival process (default poisson)")
-    cmd.add_argument("--duration", type=float, default=10.0,
-                     help="measured seconds per run (default 10)")
-    cmd.add_argument("--warmup", type=float, default=2.0,
-                     help="seconds of load sent first and not measured (default 2)")
+    add_load_window(cmd, duration_s=10.0, warmup_s=2.0)
     cmd.add_argument("--max-requests", type=int, default=1_000_000,
                      help="most requests one run sends, warm-up included (default 1000000)")
     cmd.add_argument("--timeout", type=float, default=10.0,
                      help="seconds before an unanswered request counts as an error (default 10)")
     cmd.add_argument("--connections", type=int, default=256,
                      help="most connections open at once (default 256)")
-    cmd.add_argument("--rows", help="rows to send: a .npy or .csv file (default: the builtin "
-                                    "model's own dataset)")
+    add_rows(cmd)
     cmd.add_argument("--rows-per-request", type=int, default=1, help="rows per request (default 1)")
     cmd.add_argument("--slo-ms", type=float,
                      help="the p99 SLO in ms (default: the spec's slo.p99LatencyMs; needed for "
                           "a sweep against a URL)")
-    cmd.add_argument("--max-lag-ms", type=float, default=1.0,
-                     help="a run whose p99 schedule lag exceeds this is invalid (default 1; "
-                          "raise it only on a machine known to be shared)")
+    add_max_lag(cmd)
     cmd.add_argument("--allow-host", help="allow load on this non-loopback host (named exactly)")
     cmd.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     cmd.add_argument("--json", action="store_true", help="print one JSON object instead of tables")

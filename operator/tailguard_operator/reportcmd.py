@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cliargs import add_load_window, add_max_lag, add_rows, add_table_seconds
+
 
 def add_parser(sub: Any) -> None:
     """Add ``tailguard report`` to the CLI's subparsers."""
@@ -22,21 +24,14 @@ def add_parser(sub: Any) -> None:
     cmd.add_argument("--out", default="tailguard-report",
                      help="folder for report.md, report.json and the plots (default "
                           "tailguard-report)")
-    cmd.add_argument("--rows", default=None,
-                     help="rows to send (.npy or .csv), needed for a file:// model")
-    cmd.add_argument("--table-seconds", type=float, default=0.5,
-                     help="time per batch size of the raw model table (default 0.5 s)")
-    cmd.add_argument("--duration", type=float, default=5.0,
-                     help="measured seconds per rate of the configured policy's sweep "
-                          "(default 5)")
-    cmd.add_argument("--warmup", type=float, default=1.0,
-                     help="seconds of load sent first at each rate, not measured (default 1)")
+    add_rows(cmd)
+    add_table_seconds(cmd, 0.5)
+    add_load_window(cmd, duration_s=5.0, warmup_s=1.0,
+                    per="rate of the configured policy's sweep")
     cmd.add_argument("--budget", type=float, default=120.0,
                      help="most seconds the configured policy's rate sweep may take "
                           "(default 120)")
-    cmd.add_argument("--max-lag-ms", type=float, default=1.0,
-                     help="a run whose p99 schedule lag exceeds this is invalid (default 1; "
-                          "raise it only on a machine known to be shared)")
+    add_max_lag(cmd)
     cmd.set_defaults(func=run)
 
 

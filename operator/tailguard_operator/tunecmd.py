@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cliargs import add_load_window, add_max_lag, add_rows, add_table_seconds
+
 
 def add_parser(sub: Any) -> None:
     """Register ``tune`` on the ``tailguard`` subcommands."""
@@ -30,23 +32,16 @@ def add_parser(sub: Any) -> None:
     cmd.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                      help=f"seconds the whole run may take (default {DEFAULT_BUDGET_S:g}); "
                           "points that would not fit are skipped and named")
-    cmd.add_argument("--duration", type=float, default=10.0,
-                     help="measured seconds per run (default 10)")
-    cmd.add_argument("--warmup", type=float, default=2.0,
-                     help="seconds of load sent first and not measured (default 2)")
-    cmd.add_argument("--table-seconds", type=float, default=1.0,
-                     help="seconds per batch size of the raw model table (default 1)")
+    add_load_window(cmd, duration_s=10.0, warmup_s=2.0)
+    add_table_seconds(cmd, 1.0)
     cmd.add_argument("--grid", default="3x2", metavar="BxW",
                      help="grid size drawn from the table: B batch sizes x W waits (default 3x2)")
     cmd.add_argument("--batch-sizes", default="", metavar="N,N,...",
                      help="serve these maxBatchSize values instead of the table's choice")
     cmd.add_argument("--waits-ms", default="", metavar="MS,MS,...",
                      help="serve these maxWaitMs values instead of the table's choice")
-    cmd.add_argument("--rows", help="rows to send (.npy or .csv); default: the builtin model's "
-                                    "own dataset")
-    cmd.add_argument("--max-lag-ms", type=float, default=1.0,
-                     help="a run whose p99 schedule lag exceeds this is invalid (default 1; "
-                          "raise it only on a machine known to be shared)")
+    add_rows(cmd)
+    add_max_lag(cmd)
     cmd.add_argument("--plot", help="where to write the PNG (default <name>-tune.png)")
     cmd.add_argument("--write", action="store_true",
                      help="set the chosen maxBatchSize and maxWaitMs in FILE, keeping the rest "

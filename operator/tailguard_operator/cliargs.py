@@ -1,0 +1,35 @@
+"""Command-line options that ``tailguard bench``, ``tune`` and ``report`` share, defined once
+so that their names, types and help read the same in all three."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_load_window(cmd: Any, *, duration_s: float, warmup_s: float,
+                    per: str = "run") -> None:
+    """``--duration`` (measured seconds per ``per``) and ``--warmup`` (seconds of load sent
+    first and not measured), with the command's own defaults, in seconds."""
+    cmd.add_argument("--duration", type=float, default=duration_s,
+                     help=f"measured seconds per {per} (default {duration_s:g})")
+    cmd.add_argument("--warmup", type=float, default=warmup_s,
+                     help=f"seconds of load sent first and not measured (default {warmup_s:g})")
+
+
+def add_rows(cmd: Any) -> None:
+    """``--rows``: the file of rows to send."""
+    cmd.add_argument("--rows", help="rows to send: a .npy or .csv file (default: the builtin "
+                                    "model's own dataset; needed for a file:// model)")
+
+
+def add_table_seconds(cmd: Any, default_s: float) -> None:
+    """``--table-seconds``: time per batch size of the raw model table, in seconds."""
+    cmd.add_argument("--table-seconds", type=float, default=default_s,
+                     help=f"seconds per batch size of the raw model table (default {default_s:g})")
+
+
+def add_max_lag(cmd: Any) -> None:
+    """``--max-lag-ms``: the generator's own validity bound (p99 schedule lag, ms)."""
+    cmd.add_argument("--max-lag-ms", type=float, default=1.0,
+                     help="a run whose p99 schedule lag exceeds this is invalid (default 1; "
+                          "raise it only on a machine known to be shared)")
