@@ -200,8 +200,8 @@ CALIBRATE_TRIES = 2
 def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -> float:
     """The highest of ``rates`` (req/s) served with p99 within ``slo_ms`` and only 200s, by a
     run the generator judged valid (the first rate when none is). A run the generator judged
-    invalid (its own schedule lag: the client's fault, not the server's) is tried again, up
-    to :data:`CALIBRATE_TRIES` runs per rate, before it stops the calibration."""
+    invalid (its own schedule lag or CPU: the client's fault, not the server's) is tried
+    again, up to :data:`CALIBRATE_TRIES` runs per rate, before it stops the calibration."""
     best = rates[0]
     for rate in rates:
         for _ in range(CALIBRATE_TRIES):

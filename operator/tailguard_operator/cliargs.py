@@ -9,11 +9,12 @@ from typing import Any
 def add_load_window(cmd: Any, *, duration_s: float, warmup_s: float,
                     per: str = "run") -> None:
     """``--duration`` (measured seconds per ``per``) and ``--warmup`` (seconds of load sent
-    first and not measured), with the command's own defaults, in seconds."""
+    first in each ``per`` and not measured), with the command's own defaults, in seconds."""
     cmd.add_argument("--duration", type=float, default=duration_s,
                      help=f"measured seconds per {per} (default {duration_s:g})")
     cmd.add_argument("--warmup", type=float, default=warmup_s,
-                     help=f"seconds of load sent first and not measured (default {warmup_s:g})")
+                     help=f"seconds of load sent first in each {per} and not measured "
+                          f"(default {warmup_s:g})")
 
 
 def add_rows(cmd: Any) -> None:

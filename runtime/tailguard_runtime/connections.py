@@ -92,8 +92,8 @@ class EventTally:
     Under a connection flood the bounds close hundreds of connections a second; a log line
     each would flood the log, and each write to stderr releases the GIL to the model's thread
     and waits to get it back. The first event is reported at once; later ones are tallied and
-    reported together with the first event at least ``every_s`` after the previous report (a
-    tally still open when events stop stays unreported; the Prometheus counter has them all).
+    reported together once ``every_s`` has passed since the previous report, by the next event
+    or the next call of :meth:`due`.
     """
 
     def __init__(self, every_s: float = LOG_EVERY_S) -> None:
@@ -103,13 +103,18 @@ class EventTally:
         self._next_report = float("-inf")
 
     def add(self, kind: str, now: float) -> tuple[dict[str, int], float] | None:
-        """Count one ``kind`` at ``now`` (monotonic seconds). When a report is due: the counts
-        by kind since the last one, and the seconds they span (0 for the first), and the
-        counting starts afresh; otherwise ``None``."""
+        """Count one ``kind`` at ``now`` (monotonic seconds); then :meth:`due`."""
         if not self.counts:
             self._since = now
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        if now < self._next_report:
+        return self.due(now)
+
+    def due(self, now: float) -> tuple[dict[str, int], float] | None:
+        """When a report is due at ``now``: the counts by kind since the last one and the
+        seconds from the first of them to ``now`` (0 for the first event), and the counting
+        starts afresh; otherwise (or with nothing counted) ``None``. Call it now and then
+        (the connection sweep does) so that a tally is reported when events stop."""
+        if not self.counts or now < self._next_report:
             return None
         report = (self.counts, now - self._since)
         self.counts = {}
@@ -165,7 +170,7 @@ def raw_error(status: int, reason: str, message: str, extra: bytes = b"") -> byt
                                                  len(body), body))
 
 
-def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[JsonHttpProtocol]:
+def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHttpProtocol]:
     """A subclass of :class:`~tailguard_runtime.http11.JsonHttpProtocol` (uvicorn's httptools
     protocol with JSON errors for malformed HTTP) enforcing ``settings`` (pass it as uvicorn's
     ``Config.http``). Timeouts are in seconds; ``settings.max_connections`` ``None`` means
@@ -187,16 +192,21 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
                     for reason in CONNECTION_CLOSE_REASONS}
     tally = EventTally()
 
-    def closed(reason: str, now: float) -> None:
-        """Count one connection closed to keep a bound; log the tally when one is due."""
+    def closed(conn: BoundedHttpToolsProtocol, reason: str, now: float) -> None:
+        """Count ``conn`` as closed to keep a bound (once, under its first reason); log the
+        tally when one is due."""
+        if conn._closed_for is not None:
+            return
+        conn._closed_for = reason
         count_closed[reason]()
-        report = tally.add(reason, now)
+        log_tally(tally.add(reason, now))
+
+    def log_tally(report: tuple[dict[str, int], float] | None) -> None:
         if report is not None:
             counts, seconds = report
             logger.warning("closed %d connection(s) to keep the connection bounds%s: %s "
                            "(connection cap %d; see tailguard_connections_closed_total)",
-                           sum(counts.values()),
-                           f" in the last {seconds:.0f} s" if seconds else "",
+                           sum(counts.values()), f" in {seconds:.1f} s" if seconds else "",
                            ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())),
                            max_connections)
 
@@ -210,6 +220,7 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
         _expire(loop, [conn for conn in connections
                        if 0.0 < conn._head_deadline <= now or 0.0 < conn._body_deadline <= now],
                 now)
+        log_tally(tally.due(now))
         sweeper["handle"] = (loop.call_later(sweep_s, _sweep, loop, connections)
                              if connections else None)
 
@@ -236,6 +247,7 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
             self._head_deadline = 0.0  # loop time by which the head must be complete; 0: none
             self._body_deadline = 0.0  # the same for the body
             self._stall_timer: asyncio.TimerHandle | None = None
+            self._closed_for: str | None = None  # the bound it was closed for, once counted
             self._unread_timer: asyncio.TimerHandle | None = None
             self._unread_since = 0.0
             self._fd = -1
@@ -281,11 +293,11 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
                         victim = candidate
             if victim is not None:
                 victim.transport.close()
-                closed("evicted", self.loop.time())
+                closed(victim, "evicted", self.loop.time())
             else:
                 self.transport.write(full_503)
                 self.transport.close()
-                closed("refused", self.loop.time())
+                closed(self, "refused", self.loop.time())
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._unmark_idle()
@@ -432,7 +444,7 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
                 return
             self.transport.write(head_408)
             self.transport.close()
-            closed("head_timeout", now)
+            closed(self, "head_timeout", now)
 
         def _body_timeout(self, now: float) -> None:
             self._body_deadline = 0.0
@@ -447,7 +459,7 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
                 cycle.message_event.set()
                 self.transport.write(body_408)
             self.transport.close()
-            closed("body_timeout", now)
+            closed(self, "body_timeout", now)
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -461,10 +473,11 @@ def bounded_protocol(settings: ConnectionSettings, model: str = "") -> type[Json
                 self._stall_timer = None
 
         def _stalled(self) -> None:
-            self._stall_timer = None
-            if self.transport.is_closing():
-                return
-            self.transport.abort()  # close() would wait for the buffer to drain: for ever
-            closed("send_stall", self.loop.time())
+            if self._stall_timer is not None:  # called by the unread-answers check instead
+                self._stall_timer.cancel()
+                self._stall_timer = None
+            # even when already closing: close() waits for the buffer to drain, here for ever
+            self.transport.abort()
+            closed(self, "send_stall", self.loop.time())
 
     return BoundedHttpToolsProtocol

@@ -70,9 +70,12 @@ CONNECTIONS_CLOSED = Counter("tailguard_connections_closed",
                              "(tailguard_runtime.connections), by reason.", ("model", "reason"))
 CONNECTION_CLOSE_REASONS = ("evicted", "refused", "head_timeout", "body_timeout", "send_stall")
 """``evicted``: the longest idle connection, closed for a new one at the connection cap;
-``refused``: a new one answered 503 at the cap, every connection busy; ``head_timeout`` and
-``body_timeout``: a request's head or body not complete in time (408; the body's is also a
-``slow_body`` rejection); ``send_stall``: a client that read no answer in time."""
+``refused``: a new one answered 503 at the cap, every connection busy; ``head_timeout``: a
+request's head not complete in time (408); ``body_timeout``: its body not complete in time (408
+unless the answer had started; the app counts the request as an ``incomplete_body``
+rejection); ``send_stall``: a client that read no answer in time. A connection is counted once,
+under the first of these. Connections closed for being idle (the keep-alive timeout) are not
+counted."""
 
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",
                      "incomplete_body", "too_large", "invalid_input", "draining",

@@ -116,7 +116,7 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
     # otherwise take X-Forwarded-For from any 127.0.0.1 peer as the client address.
     limits = runtime.settings.connections
     raise_fd_limit()
-    config = uvicorn.Config(build_app(runtime), http=bounded_protocol(limits, runtime.name),
+    config = uvicorn.Config(build_app(runtime), http=bounded_protocol(limits, model=runtime.name),
                             ws="none", lifespan="off", access_log=False, log_config=None,
                             timeout_graceful_shutdown=5, server_header=False, proxy_headers=False,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]

@@ -209,6 +209,7 @@ def test_a_client_that_reads_none_of_its_answers_is_disconnected(bounded: Runtim
     """Such a connection held its parsed requests and its socket for ever. It pipelines
     ``/metrics`` (kilobytes per answer), so the server's send buffers fill within seconds."""
     metrics = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    before = closed_by_reason(bounded)["send_stall"]
     socks, _ = pipeline_without_reading(bounded, n_connections=1, megabytes=1, seconds=5,
                                         request=metrics)
     try:
@@ -216,6 +217,7 @@ def test_a_client_that_reads_none_of_its_answers_is_disconnected(bounded: Runtim
     finally:
         socks[0].close()
     assert took is not None, "the server never closed the connection"
+    assert closed_by_reason(bounded)["send_stall"] - before == 1
 
 
 # -- sockets: idle, half-sent, and more of them than the cap -------------------------------------
@@ -281,12 +283,14 @@ def test_a_head_sent_one_line_at_a_time_gets_408_at_the_head_deadline(
 
 
 def test_a_body_that_never_completes_gets_408(bounded: RuntimeServer) -> None:
+    before = closed_by_reason(bounded)["body_timeout"]
     with connect(bounded) as sock:
         sock.sendall(b"POST " + IRIS_V1.encode() + b" HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Length: 100\r\n\r\n{\"instances\"")
         data, took = read_until_closed(sock, limit_s=20)
     assert took is not None
     assert data.startswith(b"HTTP/1.1 408"), data[:200]
+    assert closed_by_reason(bounded)["body_timeout"] - before == 1
 
 
 def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
@@ -316,11 +320,13 @@ def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
     assert codes == [200] * 6
     assert most_fds < CAP + 40, most_fds  # the cap, plus the listener, pipes and libraries
     evicted = closed_by_reason(bounded)["evicted"] - before["evicted"]
-    assert evicted >= 4 * CAP, evicted  # counted one by one...
+    # counted one by one (at least one round's worth: a round slower than the 2 s timeouts
+    # closes some of its sockets by timeout instead)...
+    assert evicted >= CAP, evicted
     # ...and logged as a tally (connections.EventTally): a line at most every LOG_EVERY_S, not
-    # one per connection; the first since the server started went out at once
+    # one per connection
     lines = bounded.log_text().count("to keep the connection bounds")
-    assert lines >= 1 and lines - log_lines <= 2, bounded.log_text()[-2000:]
+    assert lines - log_lines <= 2, bounded.log_text()[-2000:]
 
 
 # -- the event loop: bodies that can never be valid, and big ones that are -----------------------

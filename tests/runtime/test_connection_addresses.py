@@ -1,7 +1,7 @@
 """A connection's ``server`` and ``client`` (the ASGI scope's) come from the addresses the
 transport recorded at accept, over real TCP on uvloop: the same values uvicorn's own lookup
-gives, without asking a socket object (whose system calls release the GIL to the model's
-thread, once per connection)."""
+gives, and ``JsonHttpProtocol.connection_made`` sets what uvicorn's sets, without asking a
+socket object (whose system calls release the GIL to the model's thread)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Callable
 import pytest
 import uvicorn
 import uvloop
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from tailguard_runtime.connections import bounded_protocol
@@ -46,7 +47,9 @@ def ask(family: socket.AddressFamily, host: str, protocol_class: type) -> dict[s
             await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
             reply = b""
             while not reply.endswith(b"}"):
-                reply += await loop.sock_recv(client, 4096)
+                chunk = await asyncio.wait_for(loop.sock_recv(client, 4096), 10)
+                assert chunk, f"connection closed before the answer: {reply!r}"
+                reply += chunk
             seen = json.loads(reply.split(b"\r\n\r\n", 1)[1])
             return {"seen": seen, "client": list(client.getsockname()[:2]),
                     "server": list(listening[:2])}
@@ -77,7 +80,8 @@ FAMILIES = [pytest.param(socket.AF_INET, "127.0.0.1", id="ipv4"),
 @pytest.mark.parametrize("bounded", [False, True], ids=["json-errors", "connection-bounds"])
 def test_the_scope_holds_the_connections_true_addresses(family: socket.AddressFamily,
                                                         host: str, bounded: bool) -> None:
-    protocol_class = bounded_protocol(ConnectionSettings()) if bounded else JsonHttpProtocol
+    protocol_class = (bounded_protocol(ConnectionSettings(), model="test") if bounded
+                      else JsonHttpProtocol)
     got = ask(family, host, protocol_class)
     assert got["seen"] == {"client": got["client"], "server": got["server"]}
     assert got["seen"]["client"][0] == host
@@ -119,3 +123,35 @@ def test_connection_made_asks_no_socket_object() -> None:
     (server, client), peer_address = uvloop.run(main())
     assert "socket" not in asked
     assert client == peer_address[:2] and server[0] == "127.0.0.1"
+
+
+def test_connection_made_sets_what_uvicorns_own_sets() -> None:
+    """The override copies uvicorn's ``connection_made`` (0.54, pinned in constraints.txt); if
+    an upgrade makes it set anything else, or set it differently, this fails."""
+    config = uvicorn.Config(echo_addresses, ws="none", lifespan="off", access_log=False,
+                            log_config=None)
+    config.load()
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            peer = socket.create_connection(listener.getsockname())
+            ours, _ = listener.accept()
+        try:
+            transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+                asyncio.Protocol, ours)
+            state = ServerState()
+            mine = JsonHttpProtocol(config=config, server_state=state, app_state={})
+            theirs = JsonHttpProtocol(config=config, server_state=state, app_state={})
+            mine.connection_made(transport)
+            HttpToolsProtocol.connection_made(theirs, transport)
+            assert state.connections == {mine, theirs}
+            transport.close()
+            return dict(vars(mine)), dict(vars(theirs))
+        finally:
+            peer.close()
+
+    mine, theirs = uvloop.run(main())
+    assert mine.keys() == theirs.keys()
+    differing = {k for k in mine if mine[k] != theirs[k] and k not in ("parser", "flow")}
+    assert differing == set(), {k: (mine[k], theirs[k]) for k in differing}
+    assert type(mine["flow"]) is type(theirs["flow"])

@@ -26,3 +26,14 @@ def test_a_quiet_spell_reports_the_next_event_at_once() -> None:
     tally = EventTally(every_s=10.0)
     tally.add("send_stall", 0.0)
     assert tally.add("send_stall", 3600.0) == ({"send_stall": 1}, 0.0)
+
+
+def test_a_tally_left_open_when_events_stop_is_reported_when_due() -> None:
+    tally = EventTally(every_s=10.0)
+    assert tally.due(0.0) is None  # nothing counted yet
+    tally.add("evicted", 1.0)
+    tally.add("evicted", 2.0)
+    tally.add("refused", 3.0)
+    assert tally.due(10.9) is None
+    assert tally.due(11.0) == ({"evicted": 1, "refused": 1}, 9.0)
+    assert tally.due(30.0) is None

@@ -105,7 +105,8 @@ def test_a_served_request_is_freed_without_the_garbage_collector(bounded: bool) 
     that only the collector frees: six times as many collections under load, about 6% of the
     throughput at 64 clients. With the collector off, a request's cycle must be gone once the
     next request on its connection has been answered, with the connection bounds too."""
-    protocol_class = (bounded_protocol(ConnectionSettings()) if bounded else JsonHttpProtocol)
+    protocol_class = (bounded_protocol(ConnectionSettings(), model="test") if bounded
+                      else JsonHttpProtocol)
 
     async def app(scope: dict, receive: Callable, send: Callable) -> None:
         await send({"type": "http.response.start", "status": 200,
