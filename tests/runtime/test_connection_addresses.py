@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import pytest
 import uvicorn
@@ -28,12 +28,36 @@ async def echo_addresses(scope: dict, receive: Callable, send: Callable) -> None
     await send({"type": "http.response.body", "body": body})
 
 
-def ask(family: socket.AddressFamily, host: str, protocol_class: type) -> dict[str, Any]:
-    """Serve :func:`echo_addresses` on ``host`` with ``protocol_class``; one request from a
-    blocking client socket; the scope's addresses as seen by the app, and the true ones."""
+def echo_config() -> uvicorn.Config:
     config = uvicorn.Config(echo_addresses, ws="none", lifespan="off", access_log=False,
                             log_config=None)
     config.load()
+    return config
+
+
+def on_accepted_tcp(case: Callable[[asyncio.Transport, socket.socket], Awaitable[Any]]) -> Any:
+    """Run ``case`` on uvloop with a real transport on the accepted end of a TCP connection
+    on 127.0.0.1 and the connecting socket as the peer; return what it returns."""
+    async def main() -> Any:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            peer = socket.create_connection(listener.getsockname())
+            ours, _ = listener.accept()
+        try:
+            transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+                asyncio.Protocol, ours)
+            try:
+                return await case(transport, peer)
+            finally:
+                transport.close()
+        finally:
+            peer.close()
+    return uvloop.run(main())
+
+
+def ask(family: socket.AddressFamily, host: str, protocol_class: type) -> dict[str, Any]:
+    """Serve :func:`echo_addresses` on ``host`` with ``protocol_class``; one request from a
+    blocking client socket; the scope's addresses as seen by the app, and the true ones."""
+    config = echo_config()
 
     async def main() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -100,27 +124,14 @@ def test_connection_made_asks_no_socket_object() -> None:
             asked.append(name)
             return self.real.get_extra_info(name, default)
 
-    config = uvicorn.Config(echo_addresses, ws="none", lifespan="off", access_log=False,
-                            log_config=None)
-    config.load()
+    config = echo_config()
 
-    async def main() -> tuple[Any, Any]:
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            peer = socket.create_connection(listener.getsockname())
-            ours, _ = listener.accept()
-        try:
-            real, _ = await asyncio.get_running_loop().connect_accepted_socket(
-                asyncio.Protocol, ours)
-            protocol = JsonHttpProtocol(config=config, server_state=ServerState(), app_state={})
-            protocol.connection_made(Recording(real))
-            addresses = (protocol.server, protocol.client)
-            protocol.connections.discard(protocol)
-            real.close()
-            return addresses, peer.getsockname()
-        finally:
-            peer.close()
+    async def case(real: asyncio.Transport, peer: socket.socket) -> tuple[Any, Any]:
+        protocol = JsonHttpProtocol(config=config, server_state=ServerState(), app_state={})
+        protocol.connection_made(Recording(real))
+        return (protocol.server, protocol.client), peer.getsockname()
 
-    (server, client), peer_address = uvloop.run(main())
+    (server, client), peer_address = on_accepted_tcp(case)
     assert "socket" not in asked
     assert client == peer_address[:2] and server[0] == "127.0.0.1"
 
@@ -128,29 +139,19 @@ def test_connection_made_asks_no_socket_object() -> None:
 def test_connection_made_sets_what_uvicorns_own_sets() -> None:
     """The override copies uvicorn's ``connection_made`` (0.54, pinned in constraints.txt); if
     an upgrade makes it set anything else, or set it differently, this fails."""
-    config = uvicorn.Config(echo_addresses, ws="none", lifespan="off", access_log=False,
-                            log_config=None)
-    config.load()
+    config = echo_config()
 
-    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            peer = socket.create_connection(listener.getsockname())
-            ours, _ = listener.accept()
-        try:
-            transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
-                asyncio.Protocol, ours)
-            state = ServerState()
-            mine = JsonHttpProtocol(config=config, server_state=state, app_state={})
-            theirs = JsonHttpProtocol(config=config, server_state=state, app_state={})
-            mine.connection_made(transport)
-            HttpToolsProtocol.connection_made(theirs, transport)
-            assert state.connections == {mine, theirs}
-            transport.close()
-            return dict(vars(mine)), dict(vars(theirs))
-        finally:
-            peer.close()
+    async def case(transport: asyncio.Transport,
+                   peer: socket.socket) -> tuple[dict[str, Any], dict[str, Any]]:
+        state = ServerState()
+        mine = JsonHttpProtocol(config=config, server_state=state, app_state={})
+        theirs = JsonHttpProtocol(config=config, server_state=state, app_state={})
+        mine.connection_made(transport)
+        HttpToolsProtocol.connection_made(theirs, transport)
+        assert state.connections == {mine, theirs}
+        return dict(vars(mine)), dict(vars(theirs))
 
-    mine, theirs = uvloop.run(main())
+    mine, theirs = on_accepted_tcp(case)
     assert mine.keys() == theirs.keys()
     differing = {k for k in mine if mine[k] != theirs[k] and k not in ("parser", "flow")}
     assert differing == set(), {k: (mine[k], theirs[k]) for k in differing}
