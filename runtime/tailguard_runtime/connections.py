@@ -26,10 +26,12 @@ those that never completed a request first), or is refused with 503 when every c
 has a request in progress. :func:`raise_fd_limit` lifts the soft open-file limit first, so the
 cap is rarely what holds.
 
-Every connection closed to keep a bound is counted in ``tailguard_connections_closed_total``
-by reason, and logged as one summary line at most every :data:`LOG_EVERY_S` seconds
-(:class:`EventTally`): a flood of connections must not become a flood of log lines. What to
-serve is left to the ASGI app (:mod:`.app`); the drain to :mod:`.server`.
+Every connection closed at the cap, at a head or body deadline, or for a client that reads no
+answers is counted in ``tailguard_connections_closed_total`` by reason (idle ones closed at
+the keep-alive timeout are not), and logged as one summary line at most every
+:data:`LOG_EVERY_S` seconds (:class:`EventTally`): a flood of connections must not become a
+flood of log lines. What to serve is left to the ASGI app (:mod:`.app`); the drain to
+:mod:`.server`.
 """
 
 from __future__ import annotations
