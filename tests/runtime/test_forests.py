@@ -1,0 +1,67 @@
+"""The stacked forest walk against scikit-learn's own predict_proba, bit for bit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.ensemble import ExtraTreesClassifier, RandomForestClassifier
+
+from tailguard_runtime import forests
+from tailguard_runtime.models import load_dataset
+
+
+def same_as_sklearn(forest: Any, rows: np.ndarray) -> None:
+    stacked = forests.stack_forest(forest)
+    assert np.array_equal(forests.predict_proba(stacked, rows), forest.predict_proba(rows))
+
+
+@pytest.mark.parametrize("max_depth", [1, 3, None])
+@pytest.mark.parametrize("cls", [RandomForestClassifier, ExtraTreesClassifier])
+def test_any_depth_and_either_forest_kind(cls: type, max_depth: int | None) -> None:
+    x, y = load_dataset("wine")
+    forest = cls(n_estimators=25, max_depth=max_depth, random_state=1, n_jobs=1).fit(x, y)
+    rng = np.random.default_rng(1)
+    off_training = x * rng.uniform(0.5, 1.5, x.shape)  # where the trees disagree
+    same_as_sklearn(forest, off_training)
+    same_as_sklearn(forest, off_training[:1])
+
+
+def test_a_tree_that_is_one_leaf_and_a_class_some_trees_never_saw() -> None:
+    x, y = load_dataset("iris")
+    y = np.where(np.arange(len(y)) == 0, 2, 0)  # one row of class 2, the rest class 0
+    forest = RandomForestClassifier(n_estimators=20, random_state=0, n_jobs=1).fit(x, y)
+    depths = {estimator.tree_.max_depth for estimator in forest.estimators_}
+    assert 0 in depths and max(depths) > 0  # bootstraps without the odd row grew a bare leaf
+    same_as_sklearn(forest, x)
+
+
+def test_a_batch_larger_than_one_chunk_is_walked_in_row_chunks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x, y = load_dataset("digits")
+    forest = RandomForestClassifier(n_estimators=10, random_state=0, n_jobs=1).fit(x, y)
+    monkeypatch.setattr(forests, "CHUNK_CELLS", 10 * 10 * 7)  # 7 rows per chunk
+    same_as_sklearn(forest, x[:50])  # 7 full chunks and one of 1 row
+    same_as_sklearn(forest, x[:7])
+
+
+def test_values_float32_cannot_hold_are_refused_and_boundaries_compare_as_sklearn() -> None:
+    x, y = load_dataset("iris")
+    forest = RandomForestClassifier(n_estimators=15, random_state=0, n_jobs=1).fit(x, y)
+    stacked = forests.stack_forest(forest)
+    with pytest.raises(ValueError, match="too large for dtype"):
+        forests.predict_proba(stacked, np.full((1, 4), 1e39))
+    # Rows exactly on a split threshold, and one float32 step either side of it.
+    root = forest.estimators_[0].tree_
+    on = np.repeat(x[:1], 3, axis=0).astype(np.float32)
+    feature, threshold = root.feature[0], np.float32(root.threshold[0])
+    on[:, feature] = [np.nextafter(threshold, -np.inf), threshold, np.nextafter(threshold, np.inf)]
+    same_as_sklearn(forest, on.astype(np.float64))
+
+
+def test_multi_output_forests_are_not_stacked() -> None:
+    x, y = load_dataset("iris")
+    forest = RandomForestClassifier(n_estimators=3, random_state=0).fit(x, np.stack([y, y], 1))
+    with pytest.raises(ValueError, match="single-output"):
+        forests.stack_forest(forest)
