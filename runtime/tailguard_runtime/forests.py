@@ -9,8 +9,8 @@ busy event loop every one of those hand-backs can wait: beside the hostile clien
 ``bench/soak.py`` the model's p99 per batch went from 7.5 to 15 ms (``bench/README.md``).
 
 Here the trees are stacked once, at load, into flat arrays, and a batch walks all ``(row,
-tree)`` pairs together, one tree level per step: about eight numpy calls a level whatever the
-tree count. The arithmetic is scikit-learn's, in its order, so the result is identical bit for
+tree)`` pairs together, one tree level per step: seven numpy calls a level whatever the tree
+count. The arithmetic is scikit-learn's, in its order, so the result is identical bit for
 bit (tested): the same float32 input, the same ``x <= threshold`` comparison in float64, the
 leaf values summed tree by tree from zero (``np.cumsum``, which adds in sequence, not the
 pairwise ``np.sum``) and divided by the tree count.
@@ -96,9 +96,12 @@ def predict_proba(forest: StackedForest, x: np.ndarray) -> np.ndarray:
     equal bit for bit to scikit-learn's ``predict_proba`` of the forest that was stacked.
 
     Raises:
-        ValueError: ``x`` holds values that are not finite in float32 (``1e39`` becomes
-            ``inf``), as scikit-learn does.
+        ValueError: ``x`` is not ``(n_rows, n_features)``, or holds values that are not
+            finite in float32 (``1e39`` becomes ``inf``), as scikit-learn does.
     """
+    if x.ndim != 2 or x.shape[1] != forest.n_features:
+        raise ValueError(f"X has shape {x.shape}, but the forest expects "
+                         f"{forest.n_features} features as input")
     with np.errstate(over="ignore"):  # overflow is reported just below, as sklearn does
         x32 = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x32).all():

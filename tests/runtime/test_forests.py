@@ -46,12 +46,14 @@ def test_a_batch_larger_than_one_chunk_is_walked_in_row_chunks(
     same_as_sklearn(forest, x[:7])
 
 
-def test_values_float32_cannot_hold_are_refused_and_boundaries_compare_as_sklearn() -> None:
+def test_bad_shapes_and_float32_overflow_are_refused_and_split_ties_match() -> None:
     x, y = load_dataset("iris")
     forest = RandomForestClassifier(n_estimators=15, random_state=0, n_jobs=1).fit(x, y)
     stacked = forests.stack_forest(forest)
     with pytest.raises(ValueError, match="too large for dtype"):
         forests.predict_proba(stacked, np.full((1, 4), 1e39))
+    with pytest.raises(ValueError, match="expects 4 features"):
+        forests.predict_proba(stacked, np.zeros((2, 5)))
     # Rows exactly on a split threshold, and one float32 step either side of it.
     root = forest.estimators_[0].tree_
     on = np.repeat(x[:1], 3, axis=0).astype(np.float32)
