@@ -1,6 +1,7 @@
-"""How the forest path's cost and GIL hand-offs compare: the stacked walk the runtime uses
-(:mod:`tailguard_runtime.forests`), the tree-by-tree loop it replaced (each fitted tree's
-``tree_.predict``, summed in order), and scikit-learn's own ``predict_proba``.
+"""How the forest paths' cost and GIL hand-offs compare: the walk over the stacked trees and
+the tree-by-tree loop (each fitted tree's ``tree_.predict``, summed in order), between which
+:func:`tailguard_runtime.forests.predict_proba` chooses by batch size, and scikit-learn's own
+``predict_proba``.
 
 Each is timed on the 200-tree digits forest of ``examples/digits.yaml`` at a few batch sizes,
 alone and beside a thread that stands in for a busy event loop: it runs Python for about 50 µs
@@ -9,7 +10,7 @@ I/O callbacks. A path that gives the GIL away often waits for it each time.
 
     .venv/bin/python bench/forest_walk.py [--cpu 0] [--calls 60]
 
-Bounded: ``--calls`` calls per path, batch size and setting (about 30 s at the default).
+Bounded: ``--calls`` calls per path, batch size and setting (under a minute at the default).
 Prints a Markdown table of median and p99 ms per call.
 """
 
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -31,22 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 from tailguard_runtime import forests  # noqa: E402
 from tailguard_runtime.models import load_dataset  # noqa: E402
 
-BATCHES = (1, 5, 16, 64)
-
-
-def tree_by_tree(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
-    """The path the runtime used before the stacked walk: one ``tree_.predict`` per tree."""
-    trees = [estimator.tree_ for estimator in forest.estimators_]
-    n_classes = int(forest.n_classes_)
-
-    def predict_proba(x: np.ndarray) -> np.ndarray:
-        x32 = np.ascontiguousarray(x, dtype=np.float32)
-        total = np.zeros((x32.shape[0], n_classes))
-        for tree in trees:
-            total += tree.predict(x32)[:, :n_classes]
-        return total / len(trees)
-
-    return predict_proba
+BATCHES = (1, 5, 16, 64, 256)
 
 
 class BusyLoop:
@@ -97,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     x, y = load_dataset("digits")
     forest = RandomForestClassifier(n_estimators=200, random_state=0, n_jobs=1).fit(x, y)
     stacked = forests.stack_forest(forest)
-    paths = {"stacked walk": functools.partial(forests.predict_proba, stacked),
-             "tree by tree": tree_by_tree(forest),
+    paths = {"stacked walk": functools.partial(forests.walk, stacked),
+             "tree by tree": functools.partial(forests.tree_by_tree, stacked),
              "scikit-learn": forest.predict_proba}
     rng = np.random.default_rng(0)
     print("| batch (rows) | path | alone: median | alone: p99 | beside a busy loop: median | p99 |")

@@ -8,12 +8,15 @@ most of the cost: each checks its input and walks its own tree in a ``nogil`` bl
 busy event loop every one of those hand-backs can wait: beside the hostile clients of
 ``bench/soak.py`` the model's p99 per batch went from 7.5 to 15 ms (``bench/README.md``).
 
-Here the trees are stacked once, at load, into flat arrays, and a batch walks all ``(row,
-tree)`` pairs together, one tree level per step: seven numpy calls a level whatever the tree
-count. The arithmetic is scikit-learn's, in its order, so the result is identical bit for
-bit (tested): the same float32 input, the same ``x <= threshold`` comparison in float64, the
-leaf values summed tree by tree from zero (``np.cumsum``, which adds in sequence, not the
-pairwise ``np.sum``) and divided by the tree count.
+Here the trees are stacked once, at load, into flat arrays, and a small batch walks all
+``(row, tree)`` pairs together, one tree level per step: seven numpy calls a level whatever the
+tree count. Every pair walks as many levels as the deepest tree has, so the walk's work grows
+with rows times depth; above :data:`WALK_MAX_ROW_LEVELS` the batch goes tree by tree instead,
+through each fitted tree's ``tree_.predict`` (scikit-learn's per-tree answer without its
+per-tree checks), which is then the faster of the two. Either way the arithmetic is
+scikit-learn's, in its order, so the result is identical bit for bit (tested): the same float32
+input, the same ``x <= threshold`` comparison in float64, the leaf values summed tree by tree
+from zero and divided by the tree count.
 """
 
 from __future__ import annotations
@@ -23,9 +26,16 @@ from typing import Any
 
 import numpy as np
 
-CHUNK_CELLS = 1 << 20
-"""At most this many ``(row, tree, class)`` cells are walked and summed at once (8 MiB of
-float64); a larger batch goes in row chunks, so memory stays bounded for any forest."""
+WALK_MAX_ROW_LEVELS = 1024
+"""The walk is used while rows times the deepest tree's depth is at most this; larger batches
+go tree by tree. On the 200-tree digits forest (depth 17, scikit-learn 1.9, one core) the two
+cost the same at about 64 rows (6.8 against 6.5 ms); at 256 rows the walk took 27 ms and tree
+by tree 9 ms, at 5 rows 0.6 against 2.2 ms (``bench/forest_walk.py``)."""
+
+WALK_MAX_CELLS = 1 << 20
+"""Nor is a batch walked whose ``(row, tree, class)`` leaf values would pass this many cells
+(8 MiB of float64, and as much again for their running sum): a forest of thousands of shallow
+trees goes tree by tree from fewer rows, so the walk's memory stays bounded."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +57,7 @@ class StackedForest:
             ends at node ``k``.
         depth: levels to walk: the deepest tree's ``max_depth``.
         n_features: columns of ``X``.
+        trees: the fitted ``tree_`` objects, in order, for batches that go tree by tree.
     """
 
     roots: np.ndarray
@@ -56,6 +67,7 @@ class StackedForest:
     value: np.ndarray
     depth: int
     n_features: int
+    trees: tuple[Any, ...]
 
 
 def stack_forest(forest: Any) -> StackedForest:
@@ -88,37 +100,66 @@ def stack_forest(forest: Any) -> StackedForest:
         value=np.ascontiguousarray(
             np.concatenate([tree.value[:, 0, :n_classes] for tree in trees]), dtype=np.float64),
         depth=max(int(tree.max_depth) for tree in trees),
-        n_features=int(forest.n_features_in_))
+        n_features=int(forest.n_features_in_),
+        trees=tuple(trees))
 
 
 def predict_proba(forest: StackedForest, x: np.ndarray) -> np.ndarray:
     """Class probabilities of ``x`` ``(n_rows, n_features)``: ``(n_rows, n_classes)`` float64,
-    equal bit for bit to scikit-learn's ``predict_proba`` of the forest that was stacked.
+    equal bit for bit to scikit-learn's ``predict_proba`` of the forest that was stacked. A
+    batch of rows times depth up to :data:`WALK_MAX_ROW_LEVELS` (and of at most
+    :data:`WALK_MAX_CELLS` leaf values) is walked (:func:`walk`), a larger one goes tree by
+    tree (:func:`tree_by_tree`). Unlike scikit-learn, 0 rows give a
+    ``(0, n_classes)`` array rather than an error.
 
     Raises:
-        ValueError: ``x`` is not ``(n_rows, n_features)``, or holds values that are not
-            finite in float32 (``1e39`` becomes ``inf``), as scikit-learn does.
+        ValueError: ``x`` is not ``(n_rows, n_features)``, or holds NaN or values that are not
+            finite in float32 (``1e39`` becomes ``inf``); scikit-learn refuses the latter too.
     """
+    x32 = _checked_float32(forest, x)
+    rows = x32.shape[0]
+    if rows * forest.depth <= WALK_MAX_ROW_LEVELS and \
+            rows * forest.value.shape[1] * len(forest.trees) <= WALK_MAX_CELLS:
+        return _walked(forest, x32)
+    return _tree_by_tree(forest, x32)
+
+
+def walk(forest: StackedForest, x: np.ndarray) -> np.ndarray:
+    """:func:`predict_proba` by the level-by-level walk whatever the batch size (for tests and
+    ``bench/forest_walk.py``); same shapes and errors."""
+    return _walked(forest, _checked_float32(forest, x))
+
+
+def tree_by_tree(forest: StackedForest, x: np.ndarray) -> np.ndarray:
+    """:func:`predict_proba` tree by tree whatever the batch size (for tests and
+    ``bench/forest_walk.py``); same shapes and errors."""
+    return _tree_by_tree(forest, _checked_float32(forest, x))
+
+
+def _checked_float32(forest: StackedForest, x: np.ndarray) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != forest.n_features:
         raise ValueError(f"X has shape {x.shape}, but the forest expects "
                          f"{forest.n_features} features as input")
     with np.errstate(over="ignore"):  # overflow is reported just below, as sklearn does
         x32 = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x32).all():
-        raise ValueError("Input contains infinity or a value too large for dtype('float32').")
-    n_rows = x32.shape[0]
-    n_trees, n_classes = forest.roots.shape[0], forest.value.shape[1]
-    total = np.empty((n_rows, n_classes), dtype=np.float64)
-    step = max(1, CHUNK_CELLS // (n_trees * n_classes))
-    for start in range(0, n_rows, step):
-        total[start:start + step] = _summed_leaves(forest, x32[start:start + step])
-    total /= n_trees
+        raise ValueError("Input contains NaN, infinity or a value too large for "
+                         "dtype('float32').")
+    return x32
+
+
+def _tree_by_tree(forest: StackedForest, x32: np.ndarray) -> np.ndarray:
+    n_classes = forest.value.shape[1]
+    total = np.zeros((x32.shape[0], n_classes), dtype=np.float64)
+    for tree in forest.trees:
+        total += tree.predict(x32)[:, :n_classes]
+    total /= len(forest.trees)
     return total
 
 
-def _summed_leaves(forest: StackedForest, x32: np.ndarray) -> np.ndarray:
+def _walked(forest: StackedForest, x32: np.ndarray) -> np.ndarray:
     """Walk every ``(row, tree)`` pair of ``x32`` ``(n_rows, n_features)`` float32 to its leaf;
-    return the leaf values summed over the trees in order, ``(n_rows, n_classes)`` float64."""
+    return the leaf values summed over the trees in order, divided by the tree count."""
     cells = x32.astype(np.float64).ravel()  # exact; compared as the C code does, in float64
     row_start = np.arange(x32.shape[0], dtype=np.intp)[:, None] * forest.n_features
     node = np.repeat(forest.roots[None, :], x32.shape[0], axis=0)  # (n_rows, n_trees)
@@ -126,4 +167,6 @@ def _summed_leaves(forest: StackedForest, x32: np.ndarray) -> np.ndarray:
         goes_right = cells.take(forest.feature.take(node) + row_start) > forest.threshold.take(node)
         node = forest.children.take(node + goes_right)
     leaf_values = forest.value.take(node >> 1, axis=0)  # (n_rows, n_trees, n_classes)
-    return np.cumsum(leaf_values, axis=1)[:, -1]
+    total = np.cumsum(leaf_values, axis=1)[:, -1]  # in sequence, as scikit-learn adds
+    total /= len(forest.trees)
+    return total

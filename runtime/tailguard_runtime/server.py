@@ -160,29 +160,37 @@ async def follow_traffic(runtime: Runtime, config_path: str, role: str,
         await asyncio.sleep(interval_s)
 
 
+CPYTHON_GC_DEFAULTS = (700, 10, 10)
+"""CPython's own thresholds for its generational collector (3.11 and 3.12)."""
+
 GC_THRESHOLDS = (700, 3, 100)
-"""The garbage collector's thresholds while serving (:func:`gc.set_threshold`; CPython's
-defaults are 700, 10, 10): a young collection every 700 net allocations, as by default; a
+"""The garbage collector's thresholds while serving, in place of :data:`CPYTHON_GC_DEFAULTS`
+(:func:`gc.set_threshold`): a young collection every 700 net allocations, as by default; a
 middle collection after every 3 young ones instead of 10 (what survives it moves to the old
 generation, which is not scanned again until a full collection); a full collection considered
-after 100 middle ones instead of 10 (CPython also waits until the old generation has grown by a
-quarter). Open connections are long-lived tracked objects, about 20 each. With the defaults,
-beside the 1,700 sockets of ``bench/soak.py`` (36,000 tracked objects), middle collections took
-3-9 ms, several a second while sockets churned, a full one took 38-43 ms every 20 s or so, and
-the good client's p99 beside the sockets went from 17 to 35 ms. With these: middle collections
-of at most 2.7-4 ms, no full one in a 25 s run, and a p99 of 20-23 ms (``bench/README.md``).
-Cycles that die young are still collected as often as before."""
+after 100 middle ones instead of 10, so after 300 young ones instead of 100 (CPython also waits
+until the old generation has grown by a quarter). Open connections are long-lived tracked
+objects, about 20 each. With the defaults, beside the 1,700 sockets of ``bench/soak.py``
+(36,000 tracked objects), middle collections took 3-9 ms, several a second while sockets
+churned, a full one took 38-43 ms every 20 s or so, and the good client's p99 beside the
+sockets went from 17 to 35 ms. With these: middle collections of at most 2.7-4 ms, no full one
+in a 25 s run, and a p99 of 20-23 ms (``bench/README.md``). The price: cycles that outlive a
+middle collection wait about three times longer for a full one. No collection in those runs
+found any garbage; cycles that die young are collected as often as before."""
 
 
 def tune_garbage_collector() -> None:
     """Ready the garbage collector for serving: collect once, move every object alive now
     (models, modules, the app) out of its sight with :func:`gc.freeze` (Python 3.7+), and set
-    :data:`GC_THRESHOLDS`. Without the freeze, full collections scanned the ~150,000 objects of
-    startup and held the event loop for 100-230 ms each under the hostile-client soak, a few
-    times a minute; with it, a full collection scans only what serving created."""
+    :data:`GC_THRESHOLDS` if the thresholds are still CPython's 3.11/3.12 defaults (a newer
+    CPython's collector, or thresholds set by whoever runs the process, are left alone).
+    Without the freeze, full collections scanned the ~150,000 objects of startup and held the
+    event loop for 100-230 ms each under the hostile-client soak, a few times a minute; with
+    it, a full collection scans only what serving created."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    if gc.get_threshold() == CPYTHON_GC_DEFAULTS:
+        gc.set_threshold(*GC_THRESHOLDS)
 
 
 def limit_threads() -> None:

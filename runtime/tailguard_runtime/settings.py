@@ -150,8 +150,9 @@ class RuntimeSettings:
     """The per-run secret of ``tailguard up``'s control routes (``None``: no control routes,
     as in a cluster); see :mod:`tailguard_runtime.control`."""
     fast_forests: bool = True
-    """Evaluate random/extra-trees classifiers as one walk over their stacked trees instead of
-    scikit-learn's per-tree dispatch (same result; see :mod:`tailguard_runtime.forests`).
+    """Evaluate random/extra-trees classifiers from their stacked trees (one walk for a small
+    batch, tree by tree for a large one) instead of through scikit-learn's per-tree dispatch
+    (same result; see :mod:`tailguard_runtime.forests`).
     ``tailguard-runtime --no-fast-forests`` turns it off, for comparisons."""
 
     def __post_init__(self) -> None:

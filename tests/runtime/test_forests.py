@@ -37,13 +37,27 @@ def test_a_tree_that_is_one_leaf_and_a_class_some_trees_never_saw() -> None:
     same_as_sklearn(forest, x)
 
 
-def test_a_batch_larger_than_one_chunk_is_walked_in_row_chunks(
+def test_small_batches_are_walked_and_large_ones_go_tree_by_tree(
         monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = load_dataset("digits")
     forest = RandomForestClassifier(n_estimators=10, random_state=0, n_jobs=1).fit(x, y)
-    monkeypatch.setattr(forests, "CHUNK_CELLS", 10 * 10 * 7)  # 7 rows per chunk
-    same_as_sklearn(forest, x[:50])  # 7 full chunks and one of 1 row
-    same_as_sklearn(forest, x[:7])
+    stacked = forests.stack_forest(forest)
+    for rows in (x[:1], x[:40], x[:300]):  # both paths, whatever the batch size
+        expected = forest.predict_proba(rows)
+        assert np.array_equal(forests.walk(stacked, rows), expected)
+        assert np.array_equal(forests.tree_by_tree(stacked, rows), expected)
+    taken: list[str] = []
+    for name in ("_walked", "_tree_by_tree"):
+        real = getattr(forests, name)
+        monkeypatch.setattr(forests, name, lambda f, x32, real=real, name=name: (
+            taken.append(name), real(f, x32))[1])
+    small = forests.WALK_MAX_ROW_LEVELS // stacked.depth
+    same_as_sklearn(forest, x[:small])
+    same_as_sklearn(forest, x[:small + 1])
+    monkeypatch.setattr(forests, "WALK_MAX_CELLS", 10 * 10 * 3)  # 3 rows of 10 trees, 10 classes
+    same_as_sklearn(forest, x[:3])
+    same_as_sklearn(forest, x[:4])
+    assert taken == ["_walked", "_tree_by_tree", "_walked", "_tree_by_tree"]
 
 
 def test_bad_shapes_and_float32_overflow_are_refused_and_split_ties_match() -> None:
@@ -60,6 +74,26 @@ def test_bad_shapes_and_float32_overflow_are_refused_and_split_ties_match() -> N
     feature, threshold = root.feature[0], np.float32(root.threshold[0])
     on[:, feature] = [np.nextafter(threshold, -np.inf), threshold, np.nextafter(threshold, np.inf)]
     same_as_sklearn(forest, on.astype(np.float64))
+
+
+def test_thresholds_are_compared_in_float64_as_sklearn_does() -> None:
+    """A split threshold that float32 rounds up: a row holding that float32 value goes right
+    (it is above the float64 threshold), where a float32 comparison would send it left."""
+    x, y = load_dataset("wine")
+    forest = ExtraTreesClassifier(n_estimators=20, random_state=0, n_jobs=1).fit(x, y)
+    stacked = forests.stack_forest(forest)
+    rows = []
+    for estimator in forest.estimators_:
+        root = estimator.tree_
+        threshold = root.threshold[0]
+        if np.float32(threshold) > threshold:
+            row = x[:1].copy()
+            row[0, root.feature[0]] = float(np.float32(threshold))
+            rows.append(row)
+    assert rows, "no root threshold rounds up in float32"
+    batch = np.concatenate(rows)
+    assert np.array_equal(forests.walk(stacked, batch), forest.predict_proba(batch))
+    assert np.array_equal(forests.tree_by_tree(stacked, batch), forest.predict_proba(batch))
 
 
 def test_multi_output_forests_are_not_stacked() -> None:
