@@ -36,7 +36,7 @@ BATCHES = (1, 5, 16, 64, 256)
 
 
 class BusyLoop:
-    """A thread that holds the GIL in bursts of ``burst`` loop steps, until :meth:`stop`."""
+    """A thread that holds the GIL in bursts of ``burst`` loop steps while its ``with`` block runs."""
 
     def __init__(self, burst: int = 500) -> None:
         self.burst, self.done = burst, threading.Event()
