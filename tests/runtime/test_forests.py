@@ -1,4 +1,5 @@
-"""The stacked forest walk against scikit-learn's own predict_proba, bit for bit."""
+"""Both forest paths (the walk over stacked trees, tree by tree) against scikit-learn's own
+predict_proba, bit for bit, and which path a batch takes."""
 
 from __future__ import annotations
 
