@@ -77,9 +77,11 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
     calls), ``batch_rows`` (``mean``, ``p50``, ``p99`` rows per call, and ``buckets``: rows
     edge -> calls in that bucket), ``request_p99_ms`` (the server's own latency of admitted
     requests, body received to answer: what is left of the client's when the network and the
-    client's machine are taken out), ``queue_wait_p99_ms`` and ``model_ms_per_batch``
-    (``mean``, ``p99``) in ms; histogram percentiles are bucket edges. Counts absent from the
-    page are 0.
+    client's machine are taken out), ``queue_wait_p99_ms``, ``model_ms_per_batch``
+    (``mean``, ``p99``) and ``event_loop_lag_ms`` (``samples``, ``p50``, ``p99``, ``max``: how
+    late the runtime's event loop ran a due timer, sampled every 20 ms) in ms; histogram
+    percentiles are bucket edges (``max``: the edge of the highest bucket with a sample).
+    Counts absent from the page are 0.
     """
     codes = {dict(labels).get("code", "?"): int(round(v)) for labels, v in
              _delta(before, after, "tailguard_requests_total").items() if round(v)}
@@ -89,6 +91,7 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
     waits, _, _ = _histogram(before, after, "tailguard_queue_wait_seconds")
     answers, _, _ = _histogram(before, after, "tailguard_request_duration_seconds")
     model, model_calls, model_s = _histogram(before, after, "tailguard_batch_duration_seconds")
+    lag, lag_samples, _ = _histogram(before, after, "tailguard_event_loop_lag_seconds")
     per_bucket: dict[str, int] = {}
     previous = 0.0
     for edge, cumulative in rows:
@@ -106,6 +109,9 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
         "queue_wait_p99_ms": _ms(bucket_quantile(waits, 0.99)),
         "model_ms_per_batch": {"mean": round(1e3 * model_s / model_calls, 3) if model_calls
                                else None, "p99": _ms(bucket_quantile(model, 0.99))},
+        "event_loop_lag_ms": {"samples": int(round(lag_samples)),
+                              **{key: _ms(bucket_quantile(lag, q))
+                                 for key, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))}},
     }
 
 

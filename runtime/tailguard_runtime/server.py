@@ -31,6 +31,8 @@ import uvicorn
 from .app import build_app
 from .connections import bounded_protocol, raise_fd_limit
 from .errors import ModelLoadError
+from .looplag import LoopLagProbe
+from .metrics import EVENT_LOOP_LAG
 from .service import Runtime, load_runtime
 from .settings import RuntimeSettings
 
@@ -122,6 +124,8 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
     server = DrainingServer(config, runtime)
     tune_garbage_collector()
+    lag_probe = LoopLagProbe(asyncio.get_running_loop(), EVENT_LOOP_LAG.labels(runtime.name).observe)
+    lag_probe.start()
     helper: asyncio.Task[None] | None = None
     if on_started is not None:
         async def _after_start() -> None:
@@ -132,6 +136,7 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
     try:
         await server.serve(sockets=[sock])
     finally:
+        lag_probe.stop()
         if helper is not None:
             helper.cancel()
             await asyncio.gather(helper, return_exceptions=True)

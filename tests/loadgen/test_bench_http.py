@@ -133,6 +133,7 @@ def test_counts_add_up_and_digits_gets_no_422_in_either_mode(digits_up: UpProces
         assert server["batches"] > 0 and server["batch_rows"]["mean"] >= 3
         assert server["queue_wait_p99_ms"] is not None
         assert server["model_ms_per_batch"]["mean"] > 0
+        assert server["event_loop_lag_ms"]["samples"] > 0  # the probe ran through the window
 
 
 def test_an_inference_service_yaml_is_served_measured_and_stopped(tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ def test_two_reads_give_what_the_server_saw_in_between_summed_over_roles() -> No
                       buckets=(0.001, 0.002, 0.005, 0.01, 0.05), registry=registry)
     answered = Histogram("tailguard_request_duration_seconds", "", LABELS,
                          buckets=(0.005, 0.01, 0.02, 0.05), registry=registry)
+    lag = Histogram("tailguard_event_loop_lag_seconds", "", ["model"],
+                    buckets=(0.001, 0.002, 0.005, 0.01, 0.05), registry=registry)
+    lag.labels("d").observe(0.5)  # before the window: never counted
     primary, fallback = ("d", "1", "primary"), ("d", "1", "fallback")
     requests.labels(*primary, "200").inc(7)  # before the window: never counted
     rows.labels(*primary).observe(30)
@@ -41,6 +44,8 @@ def test_two_reads_give_what_the_server_saw_in_between_summed_over_roles() -> No
         model.labels(*primary).observe(seconds)
     for seconds in [0.004] * 95 + [0.03] * 5:
         answered.labels(*primary).observe(seconds)
+    for seconds in [0.0008] * 150 + [0.0015] * 48 + [0.004, 0.03]:
+        lag.labels("d").observe(seconds)
     after = parse_snapshot(generate_latest(registry).decode())
 
     view = server_view(before, after)
@@ -52,6 +57,8 @@ def test_two_reads_give_what_the_server_saw_in_between_summed_over_roles() -> No
     assert view["queue_wait_p99_ms"] == 5.0  # 99 of 100 waits are at most 5 ms
     assert view["request_p99_ms"] == 50.0  # 5 of 100 answers took 30 ms: the 50 ms bucket
     assert view["model_ms_per_batch"] == {"mean": 2.8, "p99": 10.0}
+    # 198 of 200 samples at most 2 ms, the 199th in the 5 ms bucket, the last in the 50 ms one
+    assert view["event_loop_lag_ms"] == {"samples": 200, "p50": 1.0, "p99": 2.0, "max": 50.0}
 
 
 def test_an_empty_window_and_bucket_edges() -> None:
@@ -62,5 +69,6 @@ def test_an_empty_window_and_bucket_edges() -> None:
     assert view["batches"] == 0 and view["batch_rows"]["mean"] is None
     assert view["queue_wait_p99_ms"] is None and view["requests"] == {}
     assert view["request_p99_ms"] is None
+    assert view["event_loop_lag_ms"] == {"samples": 0, "p50": None, "p99": None, "max": None}
     assert bucket_quantile([(1.0, 0.0), (float("inf"), 0.0)], 0.99) is None
     assert bucket_quantile([(1.0, 0.0), (float("inf"), 3.0)], 0.5) == float("inf")

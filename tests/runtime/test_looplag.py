@@ -1,0 +1,78 @@
+"""The event-loop lag probe, on asyncio's loop and on uvloop (the runtime's)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import pytest
+import uvloop
+
+from tailguard_runtime.looplag import LoopLagProbe
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def run_on(kind: str, body: Callable[[asyncio.AbstractEventLoop], object]) -> object:
+    loop = LOOPS[kind]()
+    try:
+        return loop.run_until_complete(body(loop))  # type: ignore[arg-type]
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("kind", sorted(LOOPS))
+def test_a_callback_that_holds_the_loop_shows_as_one_late_sample(kind: str) -> None:
+    samples: list[float] = []
+
+    async def body(loop: asyncio.AbstractEventLoop) -> None:
+        probe = LoopLagProbe(loop, samples.append, interval_s=0.01)
+        probe.start()
+        await asyncio.sleep(0.2)
+        loop.call_soon(time.sleep, 0.3)  # holds the loop as a slow callback would
+        await asyncio.sleep(0.2)
+        probe.stop()
+
+    run_on(kind, body)
+    # the timer fell due within the first 10 ms of the 300 ms stall and ran at its end
+    assert 0.28 <= max(samples) <= 0.6, samples
+    assert min(samples) >= 0.0
+    assert len(samples) >= 10  # 0.4 s of an idle loop sampled every 10 ms (40 on an idle machine)
+
+
+@pytest.mark.parametrize("kind", sorted(LOOPS))
+def test_stop_ends_the_samples_and_start_resumes_them(kind: str) -> None:
+    samples: list[float] = []
+
+    async def body(loop: asyncio.AbstractEventLoop) -> tuple[int, int, bool, float]:
+        probe = LoopLagProbe(loop, samples.append, interval_s=0.01)
+        started = time.monotonic()
+        probe.start()
+        probe.start()  # a second start does not double the sampling
+        await asyncio.sleep(0.1)
+        probe.stop()
+        stopped_at = len(samples)
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(0.1)
+        after_stop = len(samples)
+        probe.start()
+        await asyncio.sleep(0.1)
+        probe.stop()
+        return stopped_at, after_stop, probe.running, elapsed
+
+    stopped_at, after_stop, running, elapsed = run_on(kind, body)  # type: ignore[misc]
+    assert after_stop == stopped_at
+    assert len(samples) > after_stop
+    assert 1 <= stopped_at <= elapsed / 0.01  # one timer, not two: a sample per 10 ms at most
+    assert not running
+
+
+def test_the_interval_must_be_positive() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="interval_s must be positive, got 0"):
+            LoopLagProbe(loop, print, interval_s=0)
+    finally:
+        loop.close()
