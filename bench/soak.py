@@ -1,6 +1,6 @@
 """A bounded soak: the hostile mix of issue 9 beside a good client, against a real runtime.
 
-    .venv/bin/python bench/soak.py                    # about 4 minutes
+    .venv/bin/python bench/soak.py                    # about 5 minutes
     .venv/bin/python bench/soak.py --duration 30 --ab-rounds 0
     .venv/bin/python bench/soak.py --duration 20 --ab-rounds 0 --hostile bombs,padded
 
@@ -14,8 +14,13 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    ``tailguard_operator.loadgen.run_load``, open loop with Poisson arrivals, one digits row per
    v2 request) at rising rates; the service's rate at SLO is the highest whose p99 stays within
    the SLO with every answer 200 and the generator's verdict valid. The good rate is half of it.
-3. The good client alone at that rate for ``--duration`` seconds: its p99 alone.
-4. The same beside the hostile mix for ``--duration`` seconds: 5 connections pipelining 13 MB of
+3. The good client at that rate, alone and beside the hostile mix in turn, ``--rounds`` times
+   (``--duration`` seconds of each in all, split evenly; alone first in odd rounds, beside the
+   mix first in even ones): its p99 alone and beside the mix are each over every answer of
+   their windows pooled, so a slower spell of the machine falls on both rather than on one.
+   Before each window beside the mix, 2 s for the mix to build up; after it, 2 s for the
+   sockets it left to close.
+4. The hostile mix: 5 connections pipelining 13 MB of
    health probes each without reading (4 KiB receive buffer), 2 clients posting 16 KB gzip
    bodies that inflate to 16 MiB, 1 posting 512 rows padded to 16 MiB, 200 idle sockets, 1,500
    sockets sending one header line every 5 s, 20 bodies sent one byte a second, and 59 requests
@@ -28,16 +33,19 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
 
 Prints one JSON report and the pass/fail of each bound: good p99 within twice its p99 alone and
 within the SLO, RSS under 1 GiB, every health probe under 1 s, every good request answered
-(200, or 429 refused before admission: nothing admitted left unanswered), and after/before
-req/s at 64 clients at least 0.95. When the generator's verdict fires (p99 schedule lag over
-1 ms, or more than 90% of a core), the report says so (``generator_invalid``) and the check
-"good client's generator valid" fails: its latencies are then partly its own.
+(200, or 429 refused before admission: nothing admitted left unanswered, alone or beside the
+mix), and after/before req/s at 64 clients at least 0.95. When the generator's verdict fires
+for any window (p99 schedule lag over 1 ms, or more than 90% of a core), the report says so
+(``generator_invalid``) and the check "good client's generator valid" fails: its latencies are
+then partly its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import functools
 import gzip
 import json
 import os
@@ -141,15 +149,37 @@ def _raise_priority() -> None:
 
 def good_client(url: str, rate: float, duration_s: float) -> dict[str, Any]:
     """:func:`openloop` in its own process (the hostile threads of this one share its GIL),
-    at a higher priority than the hostile mix when allowed (:data:`GOOD_NICE`)."""
-    argv = [PYTHON, str(Path(__file__).resolve()), "--good-client", url, "--rate",
-            str(rate), "--duration", str(duration_s)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60,
-                          preexec_fn=_raise_priority)
-    if done.returncode != 0:
-        raise RuntimeError(f"good client failed: {done.stderr[-500:]}")
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    at a higher priority than the hostile mix when allowed (:data:`GOOD_NICE`). Its report
+    comes back through a file: with every latency in it, it runs to hundreds of KB, and read
+    from the child's stdout it once came back cut at 64 KiB (cause not found)."""
+    with tempfile.TemporaryDirectory(prefix="tailguard-good-") as tmp:
+        out = Path(tmp) / "report.json"
+        argv = [PYTHON, str(Path(__file__).resolve()), "--good-client", url, "--rate",
+                str(rate), "--duration", str(duration_s), "--out", str(out)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60,
+                              preexec_fn=_raise_priority)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"good client failed ({done.returncode}): {done.stderr[-500:]}")
+        report: dict[str, Any] = json.loads(out.read_text())
     return report
+
+
+BUILD_UP_S = 2.0
+"""Seconds the hostile mix runs before a window beside it is measured."""
+SETTLE_S = 2.0
+"""Seconds after a window beside the mix before the next window: the mix's clients close their
+sockets as they stop, and the server its side of them."""
+
+
+def _brief(report: dict[str, Any]) -> str:
+    """One log line of a good-client window: latency percentiles, codes and the server's
+    view (batches, model time, event-loop lag)."""
+    server = report.get("server") or {}
+    rows = server.get("batch_rows", {}).get("mean")
+    return (f"latency ms {report['latency_ms']}, codes {report['codes']}, server: model ms per "
+            f"batch {server.get('model_ms_per_batch')}, batch rows {rows}, "
+            f"event-loop lag ms {server.get('event_loop_lag_ms')}"
+            + ("" if report["valid"] else f", generator invalid: {report['invalid']}"))
 
 
 GOOD_WARMUP_S = 1.0
@@ -189,8 +219,28 @@ def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
         codes["200"] = result.ok
     if result.rejected_429:
         codes["429"] = result.rejected_429
-    out.update(codes=codes, p50Ms=result.latency_ms["p50"], p99Ms=result.latency_ms["p99"])
+    out.update(codes=codes, p50Ms=result.latency_ms["p50"], p99Ms=result.latency_ms["p99"],
+               latencies_s=[round(v, 6) for v in result.latencies_s.tolist()])
     return out
+
+
+def pooled(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The good client's windows of one condition (:func:`openloop` reports) as one run:
+    answers by code summed, latency percentiles (ms) over every 200 answer of every window, the
+    generator's verdicts joined (``invalid``: any window's makes the run's), each window's p99,
+    and the windows' own reports, less their latencies, in ``windows``."""
+    from tailguard_operator.loadplan import percentiles_ms
+
+    codes: collections.Counter[str] = collections.Counter()
+    for window in windows:
+        codes.update(window["codes"])
+    ms = percentiles_ms([v for window in windows for v in window["latencies_s"]])
+    return {"latency_ms": ms, "p50Ms": ms["p50"], "p99Ms": ms["p99"], "codes": dict(codes),
+            "invalid": [f"window {i + 1}: {why}" for i, window in enumerate(windows)
+                        for why in window["invalid"]],
+            "window_p99_ms": [window["p99Ms"] for window in windows],
+            "windows": [{k: v for k, v in window.items() if k != "latencies_s"}
+                        for window in windows]}
 
 
 CALIBRATE_TRIES = 2
@@ -221,6 +271,19 @@ def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -
 # -- the hostile mix ------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
+def hostile_bodies(n_features: int) -> tuple[bytes, bytes, bytes]:
+    """The hostile mix's bodies, built once per run: a gzip body inflating to 16 MiB of v1
+    JSON, 512 rows padded to 16 MiB, and one row holding ``1e300``."""
+    row = b"[" + b",".join([b"0"] * n_features) + b"]"
+    raw = b'{"instances":[' + b",".join([row] * (16 * 1024 * 1024 // (len(row) + 1))) + b"]}"
+    rows = json.dumps({"instances": [[0.0] * n_features] * 512}).encode()
+    poison_row = [0.0] * n_features
+    poison_row[3] = 1e300
+    return (gzip.compress(raw, 9), rows[:-1] + b" " * (16 * 1024 * 1024 - len(rows)) + b"}",
+            json.dumps({"instances": [poison_row]}).encode())
+
+
 class Hostile:
     """Every hostile client of issue 9, in threads, until :meth:`stop`. Counts what it did."""
 
@@ -233,14 +296,7 @@ class Hostile:
         self.done = threading.Event()
         self.counts: dict[str, int] = {}
         self.lock = threading.Lock()
-        row = b"[" + b",".join([b"0"] * n_features) + b"]"
-        raw = b'{"instances":[' + b",".join([row] * (16 * 1024 * 1024 // (len(row) + 1))) + b"]}"
-        self.bomb = gzip.compress(raw, 9)
-        rows = json.dumps({"instances": [[0.0] * n_features] * 512}).encode()
-        self.padded = rows[:-1] + b" " * (16 * 1024 * 1024 - len(rows)) + b"}"
-        poison_row = [0.0] * n_features
-        poison_row[3] = 1e300
-        self.poison = json.dumps({"instances": [poison_row]}).encode()
+        self.bomb, self.padded, self.poison = hostile_bodies(n_features)
         targets = {"pipeliners": [self._pipeliners], "bombs": [self._bombs, self._bombs],
                    "padded": [self._padded], "sockets": [self._sockets], "poison": [self._poison]}
         self.threads = [threading.Thread(target=t, daemon=True)
@@ -502,7 +558,10 @@ def load_average() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=60.0,
-                        help="seconds of the good client alone, then beside the hostile mix")
+                        help="seconds of the good client alone, and as many beside the hostile "
+                             "mix, over all rounds")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="windows alone and beside the mix, taken in turn (default 3)")
     parser.add_argument("--rates", default="100,200,400,700,1000,1400,2000,2800",
                         help="calibration rates, req/s")
     parser.add_argument("--calibrate-seconds", type=float, default=4.0)
@@ -518,13 +577,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--good-client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
         print(json.dumps(prober(int(args.probe.rsplit(":", 1)[1]), args.duration)))
         return 0
     if args.good_client:
-        print(json.dumps(openloop(args.good_client, args.rate, args.duration)))
+        Path(args.out).write_text(json.dumps(openloop(args.good_client, args.rate, args.duration)))
         return 0
+    if args.rounds < 1:
+        raise SystemExit("soak: --rounds must be at least 1")
     kinds = [k for k in args.hostile.split(",") if k]
     if unknown := set(kinds) - set(Hostile.KINDS):
         raise SystemExit(f"soak: unknown --hostile {sorted(unknown)}; "
@@ -546,31 +608,57 @@ def main(argv: list[str] | None = None) -> int:
             service = calibrate(url, slo_ms, rates, args.calibrate_seconds)
             good_rate = service / 2
             report.update(service_rate_at_slo=service, good_rate=good_rate)
-            log(f"good client at {good_rate:.0f} req/s, alone")
-            report["alone"] = good_client(url, good_rate, args.duration)
-            log(f"alone: {report['alone']}")
-            hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64, kinds)
-            watch = Watch(proc.pid, url, args.duration + 2.0)
-            watch.start()
-            hostile.start()
-            time.sleep(2.0)  # let the mix build up
-            log("good client beside the hostile mix")
-            try:
-                report["hostile"] = good_client(url, good_rate, args.duration)
-            finally:
-                hostile.stop()
-                watch.stop()
-            report["hostile_counts"] = hostile.counts
-            report["rss_max_mib"] = round(max(watch.rss_mib, default=0.0), 1)
-            report["health_max_s"] = round(max(watch.probe_s, default=0.0), 3)
-            report["health_failures"] = watch.probe_failures
-            log(f"hostile: {report['hostile']}")
+            window_s = args.duration / args.rounds
+            alone_windows: list[dict[str, Any]] = []
+            beside_windows: list[dict[str, Any]] = []
+            counts: dict[str, int] = {}
+            rss: list[float] = []
+            probes: list[float] = []
+            probe_failures: list[str] = []
+            for i in range(args.rounds):
+                # alone first in odd rounds, beside the mix first in even ones (ABBA...), so
+                # neither side always follows the other or comes first
+                for condition in ("alone", "beside")[::1 if i % 2 == 0 else -1]:
+                    log(f"round {i + 1}/{args.rounds}: good client at {good_rate:.0f} req/s "
+                        f"{'alone' if condition == 'alone' else 'beside the hostile mix'}, "
+                        f"{window_s:.0f} s")
+                    if condition == "alone":
+                        alone_windows.append(good_client(url, good_rate, window_s))
+                        log(f"alone: {_brief(alone_windows[-1])}")
+                        continue
+                    hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64, kinds)
+                    # the prober covers the build-up, the good client's warm-up and start-up
+                    watch = Watch(proc.pid, url, BUILD_UP_S + GOOD_WARMUP_S + window_s + 3.0)
+                    watch.start()
+                    hostile.start()
+                    time.sleep(BUILD_UP_S)
+                    try:
+                        beside_windows.append(good_client(url, good_rate, window_s))
+                    finally:
+                        hostile.stop()
+                        watch.stop()
+                    log(f"beside the mix: {_brief(beside_windows[-1])}")
+                    for key, n in hostile.counts.items():
+                        counts[key] = counts.get(key, 0) + n
+                    rss += watch.rss_mib
+                    probes += watch.probe_s
+                    probe_failures += watch.probe_failures
+                    time.sleep(SETTLE_S)
+            report["alone"], report["hostile"] = pooled(alone_windows), pooled(beside_windows)
+            report["hostile_counts"] = counts
+            report["rss_max_mib"] = round(max(rss, default=0.0), 1)
+            report["health_max_s"] = round(max(probes, default=0.0), 3)
+            report["health_failures"] = probe_failures
+            log(f"p99 alone {report['alone']['p99Ms']} ms (windows "
+                f"{report['alone']['window_p99_ms']}), beside the mix "
+                f"{report['hostile']['p99Ms']} ms (windows {report['hostile']['window_p99_ms']})")
         if args.ab_rounds:
             report["req_s_64_clients"] = before_after(workdir, args.before, args.ab_rounds,
                                                       args.ab_seconds)
     report["load_average_end"] = load_average()
     alone, beside = report["alone"], report["hostile"]
-    unanswered = sum(n for code, n in beside["codes"].items() if code not in ("200", "429"))
+    unanswered = sum(n for run in (alone, beside) for code, n in run["codes"].items()
+                     if code not in ("200", "429"))
     # the generator's verdict: when it fired, its latencies are partly its own, not the server's
     report["generator_invalid"] = {name: report[name]["invalid"] for name in ("alone", "hostile")
                                    if report[name]["invalid"]}

@@ -70,6 +70,11 @@ def _ms(seconds: float | None) -> float | None:
     return None if math.isinf(seconds) else round(seconds * 1e3, 3)
 
 
+def _edge_ms(seconds: float | None) -> float | str | None:
+    """A bucket edge in ms; ``"+Inf"`` past the last finite edge, so it is not read as none."""
+    return "+Inf" if seconds is not None and math.isinf(seconds) else _ms(seconds)
+
+
 def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]:
     """What the server counted between two snapshots (a JSON-ready dict).
 
@@ -79,9 +84,10 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
     requests, body received to answer: what is left of the client's when the network and the
     client's machine are taken out), ``queue_wait_p99_ms``, ``model_ms_per_batch``
     (``mean``, ``p99``) and ``event_loop_lag_ms`` (``samples``, ``p50``, ``p99``, ``max``: how
-    late the runtime's event loop ran a due timer, sampled every 20 ms) in ms; histogram
-    percentiles are bucket edges (``max``: the edge of the highest bucket with a sample).
-    Counts absent from the page are 0.
+    late the runtime's event loop ran a due timer, ``tailguard_event_loop_lag_seconds``) in ms;
+    histogram percentiles are bucket edges (``max``: the edge of the highest bucket with a
+    sample; ``"+Inf"`` when that is the last bucket, past every edge). Counts absent from the
+    page are 0.
     """
     codes = {dict(labels).get("code", "?"): int(round(v)) for labels, v in
              _delta(before, after, "tailguard_requests_total").items() if round(v)}
@@ -110,7 +116,7 @@ def server_view(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, Any]
         "model_ms_per_batch": {"mean": round(1e3 * model_s / model_calls, 3) if model_calls
                                else None, "p99": _ms(bucket_quantile(model, 0.99))},
         "event_loop_lag_ms": {"samples": int(round(lag_samples)),
-                              **{key: _ms(bucket_quantile(lag, q))
+                              **{key: _edge_ms(bucket_quantile(lag, q))
                                  for key, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))}},
     }
 

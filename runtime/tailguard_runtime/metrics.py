@@ -19,7 +19,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_rollbacks_total`` | counter | SLO guard rollbacks (labels ``model``, ``reason``) |
 | ``tailguard_refusals_delayed_total`` | counter | refusals answered late, past the refusal budget (label ``model``) |
 | ``tailguard_connections_closed_total`` | counter | connections closed to keep the per-connection bounds (labels ``model``, ``reason``) |
-| ``tailguard_event_loop_lag_seconds`` | histogram | how late a timer due on the event loop ran, sampled every 20 ms (label ``model``; :mod:`.looplag`) |
+| ``tailguard_event_loop_lag_seconds`` | histogram | how late a timer due on the event loop ran, every 20 ms, a stall's missed samples included (label ``model``; :mod:`.looplag`) |
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from .looplag import SAMPLE_INTERVAL_S
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025,
                      0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
@@ -79,12 +81,13 @@ under the first of these. Connections closed for being idle (the keep-alive time
 counted."""
 
 LOOP_LAG_BUCKETS_S = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1,
-                      0.25, 0.5, 1.0, 2.5)
-"""Bounds for the event loop's lateness, s: an idle loop shows up to about 1.5 ms; a few ms is a
-busy one; tens of ms is a callback holding every client up."""
+                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Bounds for the event loop's lateness, s: an idle loop reads 0-2 ms; a few ms is a busy one;
+tens of ms is a callback holding every client up."""
 EVENT_LOOP_LAG = Histogram("tailguard_event_loop_lag_seconds",
-                           "How late a timer due on the runtime's event loop ran, sampled every "
-                           "20 ms: the wait a new event would see at a random moment.",
+                           "How late a timer due on the runtime's event loop every "
+                           f"{SAMPLE_INTERVAL_S * 1000:g} ms ran, a stall's missed samples "
+                           "included: the wait a new event meets at a random moment.",
                            ("model",), buckets=LOOP_LAG_BUCKETS_S)
 
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",

@@ -70,5 +70,16 @@ def test_an_empty_window_and_bucket_edges() -> None:
     assert view["queue_wait_p99_ms"] is None and view["requests"] == {}
     assert view["request_p99_ms"] is None
     assert view["event_loop_lag_ms"] == {"samples": 0, "p50": None, "p99": None, "max": None}
+
+
+def test_a_lag_past_the_last_bucket_reads_plus_inf_not_none() -> None:
+    registry = CollectorRegistry()
+    lag = Histogram("tailguard_event_loop_lag_seconds", "", ["model"], buckets=(0.001, 1.0),
+                    registry=registry)
+    before = parse_snapshot(generate_latest(registry).decode())
+    for seconds in [0.0005] * 99 + [30.0]:
+        lag.labels("d").observe(seconds)
+    view = server_view(before, parse_snapshot(generate_latest(registry).decode()))
+    assert view["event_loop_lag_ms"] == {"samples": 100, "p50": 1.0, "p99": 1.0, "max": "+Inf"}
     assert bucket_quantile([(1.0, 0.0), (float("inf"), 0.0)], 0.99) is None
     assert bucket_quantile([(1.0, 0.0), (float("inf"), 3.0)], 0.5) == float("inf")
