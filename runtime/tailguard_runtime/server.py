@@ -124,7 +124,8 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
     server = DrainingServer(config, runtime)
     tune_garbage_collector()
-    lag_probe = LoopLagProbe(asyncio.get_running_loop(), EVENT_LOOP_LAG.labels(runtime.name).observe)
+    lag_probe = LoopLagProbe(asyncio.get_running_loop(),
+                             EVENT_LOOP_LAG.labels(runtime.name).observe)
     lag_probe.start()
     helper: asyncio.Task[None] | None = None
     if on_started is not None:
