@@ -292,7 +292,7 @@ class Hostile:
 
     def __init__(self, url: str, port: int, n_features: int,
                  kinds: Sequence[str] = KINDS) -> None:
-        self.url, self.port, self.n_features = url, port, n_features
+        self.url, self.port = url, port
         self.done = threading.Event()
         self.counts: dict[str, int] = {}
         self.lock = threading.Lock()
