@@ -38,7 +38,7 @@ class DrainEstimate:
         """Estimated seconds until ``rows_ahead`` queued rows have been through the model.
 
         ``busy``: a batch is computing now; its remainder is counted as one whole batch (an upper
-        bound: the batch loop does not know how far along the model is).
+        bound: the batcher does not know how far along the model is).
         """
         if self.batch_seconds is None:
             return 0.0

@@ -1,19 +1,20 @@
-"""The queue, batch formation, and the loop that feeds one model thread.
+"""The queue, batch formation, and the thread that runs one model.
 
 Two layers:
 
 * :class:`BatchQueue` -- plain state with no clock and no asyncio: FIFO requests measured in
   rows, when the forming batch should close, and which row ranges make the next batch. Every
   method that needs the time takes a monotonic ``now`` in seconds.
-* :class:`Batcher` -- the async shell: admission, one future per request, a deadline timer per
-  request, and one loop that awaits the model in a single worker thread while the event loop
-  keeps accepting and refusing.
+* :class:`Batcher` -- the shell: admission, one future per request and a deadline timer per
+  request on the event loop, and one model thread that forms the batches and runs the model
+  while the event loop keeps accepting and refusing.
 
-Batch policy (``spec.batching``): when the model is free, take up to ``max_batch_size`` queued
-rows. With ``max_wait_ms > 0`` the forming batch may wait for batch-mates until ``max_wait_ms``
-after its FIRST request arrived; with 0 it goes at once, so requests arriving during a model call
-form the next batch and batches grow with load, never with waiting. A request larger than
-``max_batch_size`` is taken in chunks, in order, and reassembled.
+Batch policy (``spec.batching``): when the model is free (the last batch's answers handed
+out), take up to ``max_batch_size`` queued rows. With ``max_wait_ms > 0`` the forming batch
+may wait for batch-mates until ``max_wait_ms`` after its FIRST request arrived; with 0 it goes
+at once, so requests arriving during a model call form the next batch and batches grow with
+load, never with waiting. A request larger than ``max_batch_size`` is taken in chunks, in
+order, and reassembled.
 
 Clock: ``time.perf_counter`` (sub-microsecond). uvloop's ``loop.time()`` advances in whole
 milliseconds, so the loop is used only for relative timers (``call_later``).
@@ -22,9 +23,10 @@ milliseconds, so the loop is used only for relative timers (``call_later``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 from time import perf_counter
 from typing import Any, Callable
@@ -70,7 +72,9 @@ class BatchQueue:
     """FIFO of requests, counted in rows. No clock, no asyncio, no I/O.
 
     ``queued_rows`` is the number of rows waiting (not yet handed to the model) of live requests;
-    it is the unit of ``maxQueueSize`` and of the queue-depth gauge.
+    it is the unit of ``maxQueueSize`` and of the queue-depth gauge. Not thread-safe:
+    :class:`Batcher` calls it under its lock, from the event loop and the model thread (which
+    reads the requests' futures' ``done()`` and nothing else of them).
     """
 
     def __init__(self, max_batch_size: int, max_wait_s: float) -> None:
@@ -155,11 +159,29 @@ class BatchQueue:
 
 
 class Batcher:
-    """Queue, admission and the batch loop for one model.
+    """Queue, admission and the model thread for one model.
 
     ``run`` is the model call (:attr:`Predictor.run`); it is only ever called from this
-    batcher's single worker thread. ``observe_batch(rows, seconds)`` and
-    ``observe_queue_wait(seconds)`` are metric hooks.
+    batcher's one model thread. ``observe_batch(rows, seconds)`` and
+    ``observe_queue_wait(seconds)`` are metric hooks, called on the event loop.
+
+    Two threads share the queue, under one lock. The event loop admits and queues requests,
+    expires and cancels them, and hands each finished batch's answers out. The model thread
+    forms each batch as soon as the policy allows, runs the model, and passes the batch back to
+    the event loop with ``call_soon_threadsafe``; it forms the next batch only once the event
+    loop has handed out the last one's answers (:meth:`_finish`).
+
+    Why the model thread forms the batches: when the event loop did it (awaiting
+    ``run_in_executor``), each batch waited for the event loop's turn twice between two model
+    calls (the executor's result, then the batch loop's step), and a request reaching an idle
+    model waited for a turn too. Beside a busy event loop those turns made most of the slowest
+    answers: in a trace of the good client's requests beside the hostile mix of
+    ``bench/soak.py``, the slowest 1% spent on average 13 ms queued and 9 ms between the
+    model's end and the batch loop's step, of 50 ms. Why it waits for the answers to go out
+    first: the model thread and the event loop share one GIL, so a batch started at once holds
+    the GIL while the event loop waits for it to hand the last answers out, up to
+    ``sys.getswitchinterval()`` (5 ms) at each hand-over. The measurements are in
+    ``bench/README.md`` ("The model thread forms the batches").
     """
 
     def __init__(self, run: Callable[[np.ndarray], Outputs], *, max_batch_size: int,
@@ -167,25 +189,31 @@ class Batcher:
                  observe_batch: Callable[[int, float], None] | None = None,
                  observe_queue_wait: Callable[[float], None] | None = None) -> None:
         self._run = run
+        self.name = name
         self.max_queue_size = max_queue_size
         self.queue = BatchQueue(max_batch_size, max_wait_ms / 1000.0)
         self.estimate = DrainEstimate()
         self.busy = False
+        """A batch is with the model or its answers are not yet handed out."""
         self.draining = False
         self.in_flight: set[Request] = set()
         self._observe_batch = observe_batch or (lambda rows, seconds: None)
         self._observe_queue_wait = observe_queue_wait or (lambda seconds: None)
         self._isolation_budget = isolation_budget(max_batch_size)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tailguard-{name}")
-        self._wakeup: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._lock = threading.Condition(threading.Lock())
+        """Guards :attr:`queue` and the queue-depth integral; the model thread waits on it."""
+        self._idle = False  # the model thread waits on _lock for work
+        self._closed = False
+        self._handed_out = threading.Event()
+        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._depth_row_s = 0.0
         self._depth_at: float | None = None
 
     def _account(self, now: float) -> None:
-        """Add the queue depth since the last change to the row-seconds integral; call just
-        before ``queued_rows`` changes, with ``now`` in ``perf_counter`` seconds."""
+        """Add the queue depth since the last change to the row-seconds integral; call with
+        the lock held, just before ``queued_rows`` changes, with ``now`` in ``perf_counter``
+        seconds."""
         if self._depth_at is not None:
             self._depth_row_s += self.queue.queued_rows * (now - self._depth_at)
         self._depth_at = now
@@ -195,15 +223,18 @@ class Batcher:
         (``now`` in ``perf_counter`` seconds). Its difference between two reads divided by the
         seconds between them is the exact mean queue depth (rows) of that window, and sums over
         replicas, which a sampled gauge is not."""
-        if self._depth_at is None:
-            return self._depth_row_s
-        return self._depth_row_s + self.queue.queued_rows * (now - self._depth_at)
+        with self._lock:
+            if self._depth_at is None:
+                return self._depth_row_s
+            return self._depth_row_s + self.queue.queued_rows * (now - self._depth_at)
 
     def start(self) -> None:
-        """Start the batch loop on the running event loop."""
+        """Start the model thread; answers are handed out on the running event loop."""
         self._loop = asyncio.get_running_loop()
         self._depth_at = perf_counter()
-        self._task = self._loop.create_task(self._guarded_loop(), name="tailguard-batch-loop")
+        self._thread = threading.Thread(target=self._model_thread, name=f"tailguard-{self.name}",
+                                        daemon=True)
+        self._thread.start()
 
     async def submit(self, x: np.ndarray, timeout_s: float) -> Outputs:
         """Admit ``x`` (``(n_rows, n_features)`` float64) and wait for its outputs.
@@ -228,17 +259,16 @@ class Batcher:
         future: asyncio.Future[Outputs] = loop.create_future()
         request = Request(x, now, now + timeout_s, future)
         request.timer = loop.call_later(timeout_s, self._expire, request)
-        self._account(now)
-        queue.push(request)
         self.in_flight.add(request)
-        wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+        with self._lock:
+            self._account(now)
+            queue.push(request)
+            if self._idle:
+                self._lock.notify()
         try:
             return await future
         except asyncio.CancelledError:
-            self._account(perf_counter())
-            queue.discard(request)
+            self._discard(request)
             raise
         finally:
             request.timer.cancel()
@@ -254,87 +284,111 @@ class Batcher:
         admitted request to be answered. Whatever is still unanswered then gets
         :class:`GraceEnded` (503). Returns how many requests got that 503."""
         self.draining = True
-        self.queue.flush = True
-        self._wake()
+        with self._lock:
+            self.queue.flush = True
+            self._lock.notify()
         loop = asyncio.get_running_loop()
         end = loop.time() + grace_s
         while self.in_flight and loop.time() < end:
             await asyncio.sleep(0.01)
         unanswered = [r for r in self.in_flight if not r.future.done()]
         for request in unanswered:
-            self.queue.discard(request)
+            self._discard(request)
             request.future.set_exception(GraceEnded("grace period ended before the model answered"))
         await asyncio.sleep(0)  # let the handlers render their 503s
         return len(unanswered)
 
     async def close(self) -> None:
-        """Stop the batch loop and the worker thread."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the model thread once its current model call, if any, returns (not waited for:
+        a model call cannot be interrupted)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._handed_out.set()
 
-    def _wake(self) -> None:
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
+    def _discard(self, request: Request) -> None:
+        """Drop ``request``'s rows not yet taken (on the event loop)."""
+        with self._lock:
+            self._account(perf_counter())
+            self.queue.discard(request)
 
     def _expire(self, request: Request) -> None:
         if not request.future.done():
-            self._account(perf_counter())
-            self.queue.discard(request)
+            self._discard(request)
             request.future.set_exception(DeadlineExceeded(
                 f"deadline of {(request.deadline - request.arrival) * 1000:.0f} ms passed "
                 "before the model answered"))
 
-    async def _guarded_loop(self) -> None:
-        try:
-            await self._batch_loop()
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            logger.exception("batch loop crashed; failing what it held")
-            for request in list(self.in_flight):
-                if not request.future.done():
-                    request.future.set_exception(TailguardError("batch loop crashed"))
-            raise
+    # -- the model thread ---------------------------------------------------------------------
 
-    async def _batch_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _next_batch(self) -> tuple[list[Segment], float] | None:
+        """Wait until the policy dispatches a batch and take it: its segments and the time it
+        was taken (``perf_counter`` s); ``None`` once closed. Requests past their deadline are
+        dropped here; their own timers answer them 504 on the event loop."""
         queue = self.queue
-        while True:
-            at = queue.dispatch_at(self.estimate.batch_seconds or 0.0)
-            now = perf_counter()
-            if at is None or at > now:
-                self._wakeup = loop.create_future()
-                timer = None if at is None else loop.call_later(at - now, _resolve, self._wakeup)
-                await self._wakeup
-                self._wakeup = None
-                if timer is not None:
-                    timer.cancel()
-                continue
-            now = perf_counter()
-            self._account(now)
-            segments, expired = queue.take(now)
-            for request in expired:
-                self._expire(request)
-            if not segments:
-                continue
+        with self._lock:
+            while True:
+                if self._closed:
+                    return None
+                at = queue.dispatch_at(self.estimate.batch_seconds or 0.0)
+                now = perf_counter()
+                if at is not None and at <= now:
+                    self._account(now)
+                    segments, _ = queue.take(now)
+                    if segments:
+                        self.busy = True
+                        return segments, now
+                    continue
+                self._idle = True
+                self._lock.wait(None if at is None else at - now)
+                self._idle = False
+
+    def _model_thread(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            while (batch := self._next_batch()) is not None:
+                segments, taken_at = batch
+                x = gather_rows(segments)
+                cuts = list(accumulate(stop - start for _, start, stop in segments[:-1]))
+                started = perf_counter()
+                pieces = predict_isolating(self._run, x, cuts, self._isolation_budget)
+                seconds = perf_counter() - started
+                self._handed_out.clear()
+                try:
+                    loop.call_soon_threadsafe(self._finish, segments, pieces, taken_at, seconds)
+                except RuntimeError:  # the event loop is closed: nobody waits for the answers
+                    return
+                if not self._closed:  # close() sets _closed before _handed_out
+                    self._handed_out.wait()
+        except BaseException:
+            logger.exception("model thread crashed; failing what it held")
+            with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits
+                loop.call_soon_threadsafe(self._crashed)
+
+    def _crashed(self) -> None:
+        self.busy = False
+        for request in list(self.in_flight):
+            if not request.future.done():
+                self._discard(request)
+                request.future.set_exception(TailguardError("model thread crashed"))
+
+    # -- back on the event loop ---------------------------------------------------------------
+
+    def _finish(self, segments: list[Segment],
+                pieces: list[tuple[int, int, Outputs | BaseException]], taken_at: float,
+                seconds: float) -> None:
+        """Hand out a batch's answers, record it, and let the model thread go on."""
+        try:
+            self.estimate.record(seconds)
+            self._deliver(segments, pieces)
             for request, start, _ in segments:
                 if start == 0:
-                    self._observe_queue_wait(now - request.arrival)
-            x = gather_rows(segments)
-            cuts = list(accumulate(stop - start for _, start, stop in segments[:-1]))
-            self.busy = True
-            started = perf_counter()
-            try:
-                pieces = await loop.run_in_executor(self._executor, predict_isolating, self._run,
-                                                    x, cuts, self._isolation_budget)
-            finally:
-                self.busy = False
-            seconds = perf_counter() - started
-            self.estimate.record(seconds)
-            self._observe_batch(x.shape[0], seconds)
-            self._deliver(segments, pieces)
+                    self._observe_queue_wait(taken_at - request.arrival)
+            self._observe_batch(sum(stop - start for _, start, stop in segments), seconds)
+        finally:
+            self.busy = False
+            self._handed_out.set()
 
     def _deliver(self, segments: list[Segment],
                  pieces: list[tuple[int, int, Outputs | BaseException]]) -> None:
@@ -347,13 +401,13 @@ class Batcher:
             if future.done():
                 continue
             if isinstance(result, Unisolated):
-                self.queue.discard(request)
+                self._discard(request)
                 future.set_exception(ModelFailed(
                     f"model raised on a batch of {result.n_requests} requests holding this one "
                     f"({result}); not isolated within {result.budget} model calls, so this "
                     "request may be sound: retry it", 500))
             elif isinstance(result, BaseException):
-                self.queue.discard(request)
+                self._discard(request)
                 status = 422 if isinstance(result, (ValueError, TypeError)) else 500
                 future.set_exception(ModelFailed(
                     f"model raised on this request's rows: {type(result).__name__}: {result}", status))
@@ -363,8 +417,3 @@ class Batcher:
                 request.parts.append(result)
                 if stop == request.n_rows:
                     future.set_result(concat_outputs(request.parts))
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

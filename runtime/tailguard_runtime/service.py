@@ -210,7 +210,7 @@ class Runtime:
                            for role, s in self.models.items()}}
 
     async def start(self) -> None:
-        """Start every batch loop and mark the runtime ready."""
+        """Start every model thread and mark the runtime ready."""
         for served in self.models.values():
             served.batcher.start()
         self.ready = True
@@ -228,7 +228,7 @@ class Runtime:
         return self.drain_report
 
     async def close(self) -> None:
-        """Stop the batch loops and their model threads."""
+        """Stop the model threads."""
         for served in self.models.values():
             await served.batcher.close()
 

@@ -133,10 +133,10 @@ def test_every_row_poisoned_fails_alone(probe_server: tuple[RuntimeServer, Any])
             np.testing.assert_array_equal(r.json()["predictions"], model.predict(x))
 
 
-def test_clients_that_disconnect_never_stall_the_batch_loop(
+def test_clients_that_disconnect_never_stall_batching(
         probe_server: tuple[RuntimeServer, Any]) -> None:
     """Clients that hang up while queued, or halfway through sending their body, leave the
-    batch loop serving everyone else, and leave no row counted as waiting."""
+    model serving everyone else, and leave no row counted as waiting."""
     server, model = probe_server
     body = json.dumps(v1_body(probe_rows(3, seed=300))).encode()
     head = (f"POST {V1} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

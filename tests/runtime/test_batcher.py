@@ -1,10 +1,11 @@
-"""The batch queue (fake clock) and the async batcher (a gated model in its worker thread)."""
+"""The batch queue (fake clock) and the batcher (a gated model in its model thread)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import threading
+import time
 from typing import AsyncIterator, Callable
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from tailguard_runtime.batcher import Batcher, BatchQueue, Request
 from tailguard_runtime.rows import predict_isolating
 from tailguard_runtime.errors import (DeadlineExceeded, Draining, ModelFailed, Overloaded,
-                                      PayloadTooLarge)
+                                      PayloadTooLarge, TailguardError)
 
 
 class _Done:
@@ -123,7 +124,7 @@ def test_predict_isolating_fails_only_the_offending_rows() -> None:
             np.testing.assert_array_equal(out[0], x[a:b].sum(axis=1))
 
 
-# ---- Batcher: real event loop, gated model in its worker thread -----------------------------
+# ---- Batcher: real event loop, gated model in its model thread ------------------------------
 
 class GatedModel:
     """Sums each row; blocks on ``gate`` while it is closed; records the batches it saw."""
@@ -304,3 +305,57 @@ async def test_drain_answers_503_for_what_is_unanswered_when_the_grace_period_en
                 await task
             assert info.value.status_code == 503
         model.gate.set()
+
+
+async def test_a_request_reaches_an_idle_model_while_the_event_loop_is_busy() -> None:
+    """The model thread takes the batch itself: a request queued just before the event loop
+    blocks (as under a burst of other work) is in the model before the loop runs again."""
+    model = GatedModel()
+    async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
+        task = asyncio.create_task(batcher.submit(_rows(2, 0), 30.0))
+        await asyncio.sleep(0)  # the submit runs up to its wait for the answer
+        assert batcher.in_flight and not model.entered.is_set()
+        time.sleep(1.0)  # the event loop is held; only the model thread can start the batch
+        assert model.entered.is_set()
+        np.testing.assert_array_equal((await task)[0], _rows(2, 0).sum(axis=1))
+
+
+async def test_the_next_batch_waits_until_the_last_ones_answers_are_handed_out() -> None:
+    """Answers first: the model thread does not start a batch while the event loop still has
+    the previous one's answers to hand out (they would wait for the GIL behind it)."""
+    gate, entered = threading.Event(), threading.Event()
+    first: list[asyncio.Future] = []  # type: ignore[type-arg]
+    answered_before: list[bool] = []
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if not entered.is_set():
+            entered.set()
+            gate.wait(10)  # the first batch is held until the second request is queued
+        else:
+            answered_before.append(first[0].done())
+        return (x.sum(axis=1),)
+
+    async with started(run, max_batch_size=1, max_wait_ms=0, max_queue_size=64) as batcher:
+        tasks = [asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))]
+        await _wait_for(entered.is_set)
+        first.append(next(iter(batcher.in_flight)).future)
+        tasks.append(asyncio.create_task(batcher.submit(_rows(1, 1), 30.0)))
+        await _wait_for(lambda: batcher.queue_depth == 1)
+        gate.set()
+        await asyncio.gather(*tasks)
+    assert answered_before == [True]
+
+
+async def test_a_crashed_model_thread_fails_what_it_held() -> None:
+    """Something the model thread cannot isolate (not an ``Exception``) ends it; the requests
+    it held are answered with an error rather than left waiting for their deadlines."""
+    class Crash(BaseException):
+        pass
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise Crash()
+
+    async with started(run, max_batch_size=4, max_wait_ms=0, max_queue_size=64) as batcher:
+        with pytest.raises(TailguardError, match="model thread crashed"):
+            await batcher.submit(_rows(1, 0), 30.0)
+        assert not batcher.in_flight
