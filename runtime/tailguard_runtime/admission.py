@@ -37,8 +37,9 @@ class DrainEstimate:
     def wait_seconds(self, rows_ahead: int, max_batch_size: int, busy: bool) -> float:
         """Estimated seconds until ``rows_ahead`` queued rows have been through the model.
 
-        ``busy``: a batch is computing now; its remainder is counted as one whole batch (an upper
-        bound: the batcher does not know how far along the model is).
+        ``busy``: a batch is computing now, or its answers are being handed out; its remainder
+        is counted as one whole batch (an upper bound: the batcher does not know how far along
+        the model is).
         """
         if self.batch_seconds is None:
             return 0.0

@@ -62,7 +62,8 @@ class Request:
 
 
 WINDOW_SLACK_S = 0.002
-"""Seconds a forming batch keeps in hand before the earliest deadline (event-loop latency)."""
+"""Seconds a forming batch keeps in hand before the earliest deadline: the model thread's wake-up
+(which may wait for the GIL) and the answers' hand-out on the event loop."""
 
 Segment = tuple[Request, int, int]
 """Rows ``[start, stop)`` of one request that go into a batch (see :mod:`.rows`)."""
@@ -73,8 +74,9 @@ class BatchQueue:
 
     ``queued_rows`` is the number of rows waiting (not yet handed to the model) of live requests;
     it is the unit of ``maxQueueSize`` and of the queue-depth gauge. Not thread-safe:
-    :class:`Batcher` calls it under its lock, from the event loop and the model thread (which
-    reads the requests' futures' ``done()`` and nothing else of them).
+    :class:`Batcher` changes it only under its lock, from the event loop and the model thread
+    (which reads the requests' futures' ``done()`` and nothing else of them); it reads
+    ``queued_rows`` without the lock for admission and the gauge, a snapshot of an int.
     """
 
     def __init__(self, max_batch_size: int, max_wait_s: float) -> None:
@@ -112,7 +114,10 @@ class BatchQueue:
             return None
         if self.flush or self.max_wait_s <= 0 or self.queued_rows >= self.max_batch_size:
             return float("-inf")
-        earliest = min(r.deadline for r in self._items if not r.future.done())
+        # a future may finish at any time (the event loop cancels without the batcher's lock)
+        earliest = min((r.deadline for r in self._items if not r.future.done()), default=None)
+        if earliest is None:
+            return float("-inf")  # all finished since the head was dropped: take() drops them
         return min(self._items[0].arrival + self.max_wait_s,
                    earliest - 2 * batch_s - WINDOW_SLACK_S)
 
@@ -121,7 +126,7 @@ class BatchQueue:
 
         Returns ``(segments, expired)``: the row ranges for the model, in queue order, and the
         requests whose deadline is at or before ``now`` (their rows are dropped here, before
-        they reach the model; the caller answers them 504).
+        they reach the model; :class:`Batcher` leaves their 504 to their deadline timers).
         """
         segments: list[Segment] = []
         expired: list[Request] = []
@@ -202,8 +207,10 @@ class Batcher:
         self._isolation_budget = isolation_budget(max_batch_size)
         self._lock = threading.Condition(threading.Lock())
         """Guards :attr:`queue` and the queue-depth integral; the model thread waits on it."""
-        self._idle = False  # the model thread waits on _lock for work
+        self._idle = False  # the model thread waits on _lock for work ...
+        self._wake_at = float("inf")  # ... until this perf_counter time at the latest
         self._closed = False
+        self._failure: str | None = None  # why the model thread ended, if it crashed
         self._handed_out = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -246,9 +253,13 @@ class Batcher:
             PayloadTooLarge, Overloaded: refused by :func:`~tailguard_runtime.admission.admit`.
             DeadlineExceeded: the deadline passed before the answer was ready.
             ModelFailed: the model raised on this request's own rows.
+            TailguardError: (500) the model thread crashed, on this batch or before, or handing
+                out the answers failed.
         """
         if self.draining:
             raise Draining("runtime is draining: not accepting new requests")
+        if self._failure is not None:
+            raise TailguardError(self._failure)
         loop = self._loop
         assert loop is not None, "Batcher.start() was not called"
         queue = self.queue
@@ -263,7 +274,7 @@ class Batcher:
         with self._lock:
             self._account(now)
             queue.push(request)
-            if self._idle:
+            if self._idle and self._dispatch_sooner(request):
                 self._lock.notify()
         try:
             return await future
@@ -306,6 +317,18 @@ class Batcher:
             self._lock.notify()
         self._handed_out.set()
 
+    def _dispatch_sooner(self, request: Request) -> bool:
+        """Whether the just-queued ``request`` can bring the next batch before the time the
+        idle model thread waits for (call with the lock held). Within a ``max_wait_ms`` window
+        most arrivals do not, and waking the thread for each would make it take the GIL for
+        nothing."""
+        queue = self.queue
+        if (self._wake_at == float("inf") or queue.flush or queue.max_wait_s <= 0
+                or queue.queued_rows >= queue.max_batch_size):
+            return True
+        batch_s = self.estimate.batch_seconds or 0.0
+        return request.deadline - 2 * batch_s - WINDOW_SLACK_S < self._wake_at
+
     def _discard(self, request: Request) -> None:
         """Drop ``request``'s rows not yet taken (on the event loop)."""
         with self._lock:
@@ -330,16 +353,16 @@ class Batcher:
             while True:
                 if self._closed:
                     return None
-                at = queue.dispatch_at(self.estimate.batch_seconds or 0.0)
                 now = perf_counter()
+                self._account(now)  # dispatch_at drops finished requests from the depth
+                at = queue.dispatch_at(self.estimate.batch_seconds or 0.0)
                 if at is not None and at <= now:
-                    self._account(now)
                     segments, _ = queue.take(now)
                     if segments:
                         self.busy = True
                         return segments, now
                     continue
-                self._idle = True
+                self._idle, self._wake_at = True, float("inf") if at is None else at
                 self._lock.wait(None if at is None else at - now)
                 self._idle = False
 
@@ -361,24 +384,28 @@ class Batcher:
                     return
                 if not self._closed:  # close() sets _closed before _handed_out
                     self._handed_out.wait()
-        except BaseException:
+        except BaseException as exc:
             logger.exception("model thread crashed; failing what it held")
             with contextlib.suppress(RuntimeError):  # a closed event loop: nobody waits
-                loop.call_soon_threadsafe(self._crashed)
+                loop.call_soon_threadsafe(self._crashed, f"model thread crashed: {exc!r}")
 
-    def _crashed(self) -> None:
+    def _crashed(self, why: str) -> None:
+        """The model thread has ended: fail what it held, and refuse from now on (500)."""
+        self._failure = why
         self.busy = False
         for request in list(self.in_flight):
             if not request.future.done():
                 self._discard(request)
-                request.future.set_exception(TailguardError("model thread crashed"))
+                request.future.set_exception(TailguardError(why))
 
     # -- back on the event loop ---------------------------------------------------------------
 
     def _finish(self, segments: list[Segment],
                 pieces: list[tuple[int, int, Outputs | BaseException]], taken_at: float,
                 seconds: float) -> None:
-        """Hand out a batch's answers, record it, and let the model thread go on."""
+        """Hand out a batch's answers, record it, and let the model thread go on. Should that
+        fail (a bug of ours), the batch's requests still waiting get a 500 at once rather than
+        their deadlines' 504."""
         try:
             self.estimate.record(seconds)
             self._deliver(segments, pieces)
@@ -386,6 +413,13 @@ class Batcher:
                 if start == 0:
                     self._observe_queue_wait(taken_at - request.arrival)
             self._observe_batch(sum(stop - start for _, start, stop in segments), seconds)
+        except Exception as exc:
+            logger.exception("handing out a batch's answers failed")
+            for request, _, _ in segments:
+                if not request.future.done():
+                    self._discard(request)
+                    request.future.set_exception(TailguardError(
+                        f"internal error handing out the answers: {type(exc).__name__}"))
         finally:
             self.busy = False
             self._handed_out.set()

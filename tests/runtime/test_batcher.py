@@ -147,7 +147,8 @@ class GatedModel:
 @contextlib.asynccontextmanager
 async def started(run: Callable[[np.ndarray], tuple[np.ndarray, ...]],
                   **limits: float) -> AsyncIterator[Batcher]:
-    """A running batcher over ``run``; stopped (thread included) even when the test fails."""
+    """A running batcher over ``run``; closed even when the test fails (its model thread ends
+    once its model call, if any, returns)."""
     batcher = Batcher(run, **limits)  # type: ignore[arg-type]
     batcher.start()
     try:
@@ -314,8 +315,8 @@ async def test_a_request_reaches_an_idle_model_while_the_event_loop_is_busy() ->
     async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
         task = asyncio.create_task(batcher.submit(_rows(2, 0), 30.0))
         await asyncio.sleep(0)  # the submit runs up to its wait for the answer
-        assert batcher.in_flight and not model.entered.is_set()
-        time.sleep(1.0)  # the event loop is held; only the model thread can start the batch
+        assert batcher.in_flight
+        time.sleep(0.3)  # the event loop is held; only the model thread can start the batch
         assert model.entered.is_set()
         np.testing.assert_array_equal((await task)[0], _rows(2, 0).sum(axis=1))
 
@@ -323,27 +324,74 @@ async def test_a_request_reaches_an_idle_model_while_the_event_loop_is_busy() ->
 async def test_the_next_batch_waits_until_the_last_ones_answers_are_handed_out() -> None:
     """Answers first: the model thread does not start a batch while the event loop still has
     the previous one's answers to hand out (they would wait for the GIL behind it)."""
-    gate, entered = threading.Event(), threading.Event()
-    first: list[asyncio.Future] = []  # type: ignore[type-arg]
-    answered_before: list[bool] = []
-
-    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
-        if not entered.is_set():
-            entered.set()
-            gate.wait(10)  # the first batch is held until the second request is queued
-        else:
-            answered_before.append(first[0].done())
-        return (x.sum(axis=1),)
-
-    async with started(run, max_batch_size=1, max_wait_ms=0, max_queue_size=64) as batcher:
-        tasks = [asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))]
-        await _wait_for(entered.is_set)
-        first.append(next(iter(batcher.in_flight)).future)
-        tasks.append(asyncio.create_task(batcher.submit(_rows(1, 1), 30.0)))
+    model = GatedModel()
+    async with started(model, max_batch_size=1, max_wait_ms=0, max_queue_size=64) as batcher:
+        first = await _busy(model, batcher)
+        second = asyncio.create_task(batcher.submit(_rows(1, 1), 30.0))
         await _wait_for(lambda: batcher.queue_depth == 1)
-        gate.set()
-        await asyncio.gather(*tasks)
-    assert answered_before == [True]
+        model.entered.clear()
+        model.gate.set()
+        time.sleep(0.3)  # the event loop is held: the first batch's answers cannot go out
+        assert not model.entered.is_set(), "the second batch started before the first's answers"
+        await asyncio.gather(first, second)
+        assert model.entered.is_set() and len(model.batches) == 2
+
+
+async def test_an_arrival_with_an_earlier_deadline_closes_a_waiting_window_early() -> None:
+    """The model thread sleeps until the window closes; a request whose deadline comes first
+    wakes it, so the batch still goes in time for that deadline."""
+    model = GatedModel()
+    async with started(model, max_batch_size=8, max_wait_ms=60_000, max_queue_size=64) as batcher:
+        patient = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
+        await _wait_for(lambda: batcher.queue_depth == 1)
+        await asyncio.sleep(0.05)  # the thread now sleeps until about 30 s from now
+        urgent = await batcher.submit(_rows(1, 5), 1.0)
+        np.testing.assert_array_equal(urgent[0], _rows(1, 5).sum(axis=1))
+        np.testing.assert_array_equal((await patient)[0], _rows(1, 0).sum(axis=1))
+
+
+async def test_a_request_expiring_in_the_model_gets_504_and_the_model_goes_on() -> None:
+    model = GatedModel()
+    async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
+        model.gate.clear()
+        with pytest.raises(DeadlineExceeded):
+            await batcher.submit(_rows(1, 0), 0.1)
+        assert model.entered.is_set()
+        model.gate.set()
+        np.testing.assert_array_equal((await batcher.submit(_rows(1, 3), 30.0))[0],
+                                      _rows(1, 3).sum(axis=1))
+
+
+async def test_close_ends_the_model_thread() -> None:
+    batcher = Batcher(GatedModel(), max_batch_size=4, max_wait_ms=0, max_queue_size=8)
+    batcher.start()
+    await batcher.submit(_rows(1, 0), 30.0)
+    thread = batcher._thread
+    assert thread is not None and thread.is_alive()
+    await batcher.close()
+    await asyncio.to_thread(thread.join, 5.0)
+    assert not thread.is_alive()
+
+
+def test_a_request_finishing_while_the_window_is_computed_is_not_an_error() -> None:
+    """The event loop cancels a request without the batcher's lock, so its future may finish
+    while the model thread computes when the next batch goes."""
+    class FinishesWhenLooked(_Done):
+        def __init__(self) -> None:
+            super().__init__()
+            self.looks = 0
+
+        def done(self) -> bool:
+            self.looks += 1
+            return self.looks > 1  # live for the dead-head check, finished for the next look
+
+    queue = BatchQueue(max_batch_size=8, max_wait_s=0.05)
+    request = _req(1, arrival=1.0)
+    request.future = FinishesWhenLooked()
+    queue.push(request)
+    assert queue.dispatch_at() == float("-inf")
+    assert queue.take(now=1.0) == ([], [])
+    assert queue.queued_rows == 0 and queue.dispatch_at() is None
 
 
 async def test_a_crashed_model_thread_fails_what_it_held() -> None:
@@ -356,6 +404,8 @@ async def test_a_crashed_model_thread_fails_what_it_held() -> None:
         raise Crash()
 
     async with started(run, max_batch_size=4, max_wait_ms=0, max_queue_size=64) as batcher:
-        with pytest.raises(TailguardError, match="model thread crashed"):
+        with pytest.raises(TailguardError, match="model thread crashed") as info:
             await batcher.submit(_rows(1, 0), 30.0)
-        assert not batcher.in_flight
+        assert info.value.status_code == 500 and not batcher.in_flight
+        with pytest.raises(TailguardError, match="model thread crashed"):  # no one serves it
+            await batcher.submit(_rows(1, 1), 30.0)
