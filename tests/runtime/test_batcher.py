@@ -354,9 +354,10 @@ async def test_a_request_expiring_in_the_model_gets_504_and_the_model_goes_on() 
     model = GatedModel()
     async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
         model.gate.clear()
+        task = asyncio.create_task(batcher.submit(_rows(1, 0), 0.5))
+        await _wait_for(model.entered.is_set)
         with pytest.raises(DeadlineExceeded):
-            await batcher.submit(_rows(1, 0), 0.1)
-        assert model.entered.is_set()
+            await task
         model.gate.set()
         np.testing.assert_array_equal((await batcher.submit(_rows(1, 3), 30.0))[0],
                                       _rows(1, 3).sum(axis=1))
