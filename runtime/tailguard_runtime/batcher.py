@@ -65,6 +65,12 @@ WINDOW_SLACK_S = 0.002
 """Seconds a forming batch keeps in hand before the earliest deadline: the model thread's wake-up
 (which may wait for the GIL) and the answers' hand-out on the event loop."""
 
+def latest_dispatch(deadline: float, batch_s: float) -> float:
+    """The latest time (``perf_counter`` s) a batch holding a request due at ``deadline`` may go:
+    twice the expected model time ``batch_s`` and :data:`WINDOW_SLACK_S` before it."""
+    return deadline - 2 * batch_s - WINDOW_SLACK_S
+
+
 Segment = tuple[Request, int, int]
 """Rows ``[start, stop)`` of one request that go into a batch (see :mod:`.rows`)."""
 
@@ -118,8 +124,7 @@ class BatchQueue:
         earliest = min((r.deadline for r in self._items if not r.future.done()), default=None)
         if earliest is None:
             return float("-inf")  # all finished since the head was dropped: take() drops them
-        return min(self._items[0].arrival + self.max_wait_s,
-                   earliest - 2 * batch_s - WINDOW_SLACK_S)
+        return min(self._items[0].arrival + self.max_wait_s, latest_dispatch(earliest, batch_s))
 
     def take(self, now: float) -> tuple[list[Segment], list[Request]]:
         """Form the next batch of at most ``max_batch_size`` rows.
@@ -326,8 +331,7 @@ class Batcher:
         if (self._wake_at == float("inf") or queue.flush or queue.max_wait_s <= 0
                 or queue.queued_rows >= queue.max_batch_size):
             return True
-        batch_s = self.estimate.batch_seconds or 0.0
-        return request.deadline - 2 * batch_s - WINDOW_SLACK_S < self._wake_at
+        return latest_dispatch(request.deadline, self.estimate.batch_seconds or 0.0) < self._wake_at
 
     def _discard(self, request: Request) -> None:
         """Drop ``request``'s rows not yet taken (on the event loop)."""
