@@ -98,10 +98,13 @@ def namespace(admin: Client, request: pytest.FixtureRequest) -> Iterator[str]:
     admin.delete("namespaces", None, name)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist's ``--dist loadgroup`` (what ``make test`` runs): every test that
     uses the control plane goes to one worker, so a session starts one control plane, and the
-    other tests go module by module, so a module's server fixtures start once."""
+    other tests go module by module, so a module's server fixtures start once. First among
+    the hooks: xdist's worker reads the groups in its own ``pytest_collection_modifyitems``,
+    which otherwise runs before this one and finds none."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

@@ -78,3 +78,14 @@ def test_make_up_does_not_reinstall_when_nothing_changed(installed_venv: Path) -
 def test_make_up_reinstalls_when_the_dependencies_changed(installed_venv: Path,
                                                           changed: str) -> None:
     assert "pip install" in make_dry_run(installed_venv, "-W", changed)
+
+
+def test_make_tests_workers_run_each_module_as_one_group(request: pytest.FixtureRequest) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) each worker sees this test's id
+    with its group appended, the sign that the groups of ``tests/conftest.py`` reached the
+    scheduler: without them a module's server fixtures start once per worker, and the control
+    plane twice. pytest 9.2 broke that silently (pytest-dev/pytest-xdist#1386)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        return  # not under make test: there are no groups to check
+    module = request.node.nodeid.split("::", 1)[0]
+    assert request.node.nodeid.endswith(f"@{module}"), request.node.nodeid

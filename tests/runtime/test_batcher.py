@@ -339,9 +339,12 @@ async def test_the_next_batch_waits_until_the_last_ones_answers_are_handed_out()
 
 async def test_an_arrival_with_an_earlier_deadline_closes_a_waiting_window_early() -> None:
     """The model thread sleeps until the window closes; a request whose deadline comes first
-    wakes it, so the batch still goes in time for that deadline."""
+    wakes it, so the batch still goes in time for that deadline. The batcher is told that a
+    batch takes 0.2 s, so the window closes 0.4 s before the urgent deadline: room enough for
+    a slow thread wake-up on a busy machine (with no estimate it would close 2 ms before)."""
     model = GatedModel()
     async with started(model, max_batch_size=8, max_wait_ms=60_000, max_queue_size=64) as batcher:
+        batcher.estimate.record(0.2)
         patient = asyncio.create_task(batcher.submit(_rows(1, 0), 30.0))
         await _wait_for(lambda: batcher.queue_depth == 1)
         await asyncio.sleep(0.05)  # the thread now sleeps until about 30 s from now
