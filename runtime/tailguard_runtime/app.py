@@ -107,13 +107,16 @@ class InferenceApp:
         await self.fallthrough(scope, receive, send)
 
     async def _health(self, send: Send, readiness: bool, head: bool) -> None:
-        """``/v2/health/live`` (200 ``{"live": true}`` while the process serves) and
-        ``/v2/health/ready`` (200 ``{"ready": true}``; 503 while loading or draining), served
-        here rather than by FastAPI: about a tenth of the cost, so that probes stay quick and a
-        client pipelining them cannot buy much of the event loop."""
+        """``/v2/health/live`` (200 ``{"live": true}`` while the process serves; 503 once a
+        model thread has crashed, see :attr:`Runtime.broken`) and ``/v2/health/ready`` (200
+        ``{"ready": true}``; 503 while loading or draining, or once broken), served here rather
+        than by FastAPI: about a tenth of the cost, so that probes stay quick and a client
+        pipelining them cannot buy much of the event loop."""
         runtime = self.runtime
         status, body = 200, LIVE_BODY
-        if readiness:
+        if (broken := runtime.broken) is not None:
+            status, body = 503, encode_error(broken)
+        elif readiness:
             if runtime.draining:
                 status, body = 503, encode_error("runtime is draining")
             elif not runtime.ready:

@@ -291,6 +291,11 @@ class Batcher:
             self.in_flight.discard(request)
 
     @property
+    def failure(self) -> str | None:
+        """Why the model thread ended, if it crashed; ``None`` while it serves."""
+        return self._failure
+
+    @property
     def queue_depth(self) -> int:
         """Rows waiting for the model (the batch being computed not counted)."""
         return self.queue.queued_rows

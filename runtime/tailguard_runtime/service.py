@@ -155,6 +155,15 @@ class Runtime:
         """The model that new requests go to."""
         return self.models[self.active_role]
 
+    @property
+    def broken(self) -> str | None:
+        """Why the runtime can no longer serve (a model thread crashed), or ``None``. Only a
+        restart mends it, so liveness turns 503 (a kubelet then restarts the container)."""
+        for role, served in self.models.items():
+            if served.batcher.failure is not None:
+                return f"the {role} model cannot serve: {served.batcher.failure}"
+        return None
+
     def resolve(self, name: str, version: str | None = None) -> ServedModel:
         """The model that ``/v2/models/{name}[/versions/{version}]`` reaches: the active one.
 

@@ -8,8 +8,9 @@ timeout.
 
 The probe model (:data:`PROBE_SOURCE`) is written into a temporary folder as a module and put on
 the server's ``PYTHONPATH`` so the server can unpickle it. Its label and probabilities are simple
-functions of the row, and four markers in column 0 make it misbehave on purpose: ``-999`` raises
+functions of the row, and five markers in column 0 make it misbehave on purpose: ``-999`` raises
 ``ValueError`` (the row's request should get 422), ``-998`` raises ``RuntimeError`` (500),
+``-997`` raises ``SystemExit``, which no row isolation catches (it ends the model thread),
 ``-1`` sleeps ``x[1]`` milliseconds (a slow batch, for deadlines and draining), and ``-2``
 holds its batch until the test opens gate ``x[1]`` (:func:`gated_row`, :func:`open_gate`).
 
@@ -60,6 +61,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 POISON = -999.0
 CRASH = -998.0
+END_THREAD = -997.0
 SLOW = -1.0
 GATE = -2.0
 GATES = os.path.dirname(os.path.abspath(__file__))
@@ -88,6 +90,8 @@ class ProbeClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError("poisoned row: x[0] == -999")
         if (X[:, 0] == CRASH).any():
             raise RuntimeError("crash row: x[0] == -998")
+        if (X[:, 0] == END_THREAD).any():
+            raise SystemExit("end-thread row: x[0] == -997")
         return np.abs(np.rint(X.sum(axis=1))).astype(np.int64) % len(self.classes_)
 
     def predict(self, X):

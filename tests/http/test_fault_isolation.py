@@ -12,13 +12,15 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
 import numpy as np
 
-from http_harness import (RuntimeServer, error_of, labels, probe_rows, scrape, slow_row, v1_body,
-                         v2_body, v2_outputs)
+from http_harness import (RuntimeServer, error_of, labels, probe_rows, probe_runtime, scrape,
+                          slow_row, v1_body, v2_body, v2_outputs)
 
 V2 = "/v2/models/probe/infer"
 V1 = "/v1/models/probe:predict"
@@ -165,3 +167,20 @@ def test_clients_that_disconnect_never_stall_batching(
         assert r.status_code == 200, r.text
         np.testing.assert_array_equal(r.json()["predictions"], model.predict(x))
     assert ready.status_code == 200
+
+
+def test_a_crashed_model_thread_fails_liveness_so_the_pod_restarts(
+        probe_module: tuple[ModuleType, Path], tmp_path: Path) -> None:
+    """A row that ends the model thread (``SystemExit``, which no row isolation catches) gets
+    a 500, so does every request after it, and liveness and readiness turn 503 naming why:
+    a kubelet restarts the container instead of leaving a pod that can only answer 500."""
+    with probe_runtime(probe_module, tmp_path) as (server, _), server.client() as client:
+        assert client.get("/v2/health/live").status_code == 200
+        ended = client.post(V1, json=v1_body(_poisoned(2, 1, -997.0, seed=7)))
+        assert ended.status_code == 500 and "model thread crashed" in error_of(ended)
+        after = client.post(V1, json=v1_body(probe_rows(1, seed=8)))
+        assert after.status_code == 500 and "model thread crashed" in error_of(after)
+        for probe in ("/v2/health/live", "/v2/health/ready"):
+            answer = client.get(probe)
+            assert answer.status_code == 503, (probe, answer.text)
+            assert "primary model cannot serve: model thread crashed" in error_of(answer)
