@@ -17,6 +17,9 @@
   uvloop that costs system calls that release the GIL; with the model's thread waiting for it,
   each one hands the GIL over, and every connection accepted in a burst waits its turn
   (:meth:`JsonHttpProtocol.connection_made`).
+* **An answer can be written without a turn of the event loop** (:func:`write_at_once`), from
+  the callback that hands a batch's answers out, rather than from the request's handler task,
+  which resumes only at the event loop's next turn.
 * **A response's head and body go out in one write.** uvicorn writes the status line and
   headers, then the body, each with its own ``transport.write``, and uvloop sends each at once:
   two ``send(2)`` calls, and two TCP segments for the client to read, per answer. Here the head
@@ -30,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import Any, Coroutine, cast
 
 import httptools
 from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtocol,
+                                                   RequestResponseCycle)
 from uvicorn.protocols.utils import is_ssl
 
 from .protocol import encode_error
@@ -96,6 +100,41 @@ class OneWriteResponse:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def write_at_once(send: Any, status: int, headers: list[tuple[bytes, bytes]],
+                  body: bytes) -> bool:
+    """Write a whole response (``status``, ``headers``, ``body``) through the uvicorn cycle
+    behind the ASGI ``send``, now, from plain (non-async) code on the event loop.
+
+    uvicorn's ``RequestResponseCycle.send`` awaits only while the connection's writes are paused
+    (the client is not reading); otherwise each call runs to its end in one step, so it is run
+    here one step at a time instead of being awaited. Returns ``False``, having written nothing,
+    when that cannot be done: ``send`` is not a uvicorn httptools cycle's (another server, an
+    in-process test client), writes are paused, the client is gone, or a response has begun.
+    The caller then sends the response the usual way.
+
+    Raises:
+        RuntimeError: uvicorn's checks (an invalid header) or, should its ``send`` ever wait
+            with writes not paused, that it did (a uvicorn version this was not written for).
+    """
+    cycle = getattr(send, "__self__", None)
+    if (type(cycle) is not RequestResponseCycle or cycle.flow.write_paused
+            or cycle.disconnected or cycle.response_started):
+        return False
+    _run_one_step(cycle.send({"type": "http.response.start", "status": status,
+                              "headers": headers}))
+    _run_one_step(cycle.send({"type": "http.response.body", "body": body}))
+    return True
+
+
+def _run_one_step(step: Coroutine[Any, Any, None]) -> None:
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    step.close()
+    raise RuntimeError("uvicorn's send waited with writes not paused")
 
 
 def _host_port(info: Any) -> tuple[str, int] | None:
