@@ -30,7 +30,7 @@ from .admission import RefusalPacer
 from .control import add_control_routes
 from .errors import (BodyTimeout, Draining, GraceEnded, IncompleteBody, InvalidInput,
                      ModelFailed, NotReady, Overloaded, PayloadTooLarge, TailguardError)
-from .http11 import write_at_once
+from .http11 import cycle_to_write, write_at_once
 from .metrics import REFUSALS_DELAYED
 from .models import Predictor, check_input_range
 from .protocol import (V2Request, check_stated_size, decode_v1, decode_v2, decompress,
@@ -222,16 +222,22 @@ class InferenceApp:
 
     def _answer_at_once(self, send: Send, served: ServedModel, request: V2Request | None,
                         outputs: Outputs, arrival: float) -> bool:
-        """Write a 200 from the batch's hand-out (see :meth:`Batcher.submit`'s ``on_result``)
-        when :func:`write_at_once` can; whether it did. Anything that goes wrong here is left
-        to the handler: it encodes and sends again the usual way, and answers an error as any
-        other."""
+        """Answer 200 from the batch's hand-out (see :meth:`Batcher.submit`'s ``on_result``) when
+        :func:`cycle_to_write` allows; whether the request is answered (its handler then sends
+        nothing). When it is not, nothing was written, and the handler answers as usual (an
+        encoding error included: the handler meets it again and answers it as any other)."""
+        cycle = cycle_to_write(send)
+        if cycle is None:
+            return False
         try:
             payload = self._encode(served, request, outputs)
-            if not write_at_once(send, 200, self._ok_headers(served, payload), payload):
-                return False
         except Exception:
             return False
+        try:
+            write_at_once(cycle, 200, self._ok_headers(served, payload), payload)
+        except Exception:  # a bug of ours or a uvicorn we were not written for
+            logger.exception("writing an answer at the hand-out failed; its connection is closed")
+            return True
         self._count_ok(served, arrival)
         return True
 
@@ -372,7 +378,7 @@ def build_app(runtime: Runtime) -> InferenceApp:
     @api.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
         runtime.resolve(name, version)
-        if runtime.draining or not runtime.ready:
+        if runtime.draining or not runtime.ready or runtime.broken is not None:
             raise NotReady(f"model {name!r} is not ready")
         return {"name": runtime.name, "ready": True}
 

@@ -423,9 +423,10 @@ class Batcher:
     def _finish(self, segments: list[Segment],
                 pieces: list[tuple[int, int, Outputs | BaseException]], taken_at: float,
                 seconds: float) -> None:
-        """Hand out a batch's answers, record it, and let the model thread go on. Should that
-        fail (a bug of ours), the batch's requests still waiting get a 500 at once rather than
-        their deadlines' 504."""
+        """Hand out a batch's answers (each request's ``on_result`` hook, where given, writes
+        its answer here), record the batch, and let the model thread go on: the next batch
+        starts once every answer of this one is out. Should that fail (a bug of ours), the
+        batch's requests still waiting get a 500 at once rather than their deadlines' 504."""
         try:
             self.estimate.record(seconds)
             self._deliver(segments, pieces)

@@ -102,30 +102,43 @@ class OneWriteResponse:
         return getattr(self._transport, name)
 
 
-def write_at_once(send: Any, status: int, headers: list[tuple[bytes, bytes]],
-                  body: bytes) -> bool:
-    """Write a whole response (``status``, ``headers``, ``body``) through the uvicorn cycle
-    behind the ASGI ``send``, now, from plain (non-async) code on the event loop.
-
-    uvicorn's ``RequestResponseCycle.send`` awaits only while the connection's writes are paused
-    (the client is not reading); otherwise each call runs to its end in one step, so it is run
-    here one step at a time instead of being awaited. Returns ``False``, having written nothing,
-    when that cannot be done: ``send`` is not a uvicorn httptools cycle's (another server, an
-    in-process test client), writes are paused, the client is gone, or a response has begun.
-    The caller then sends the response the usual way.
-
-    Raises:
-        RuntimeError: uvicorn's checks (an invalid header) or, should its ``send`` ever wait
-            with writes not paused, that it did (a uvicorn version this was not written for).
-    """
+def cycle_to_write(send: Any) -> RequestResponseCycle | None:
+    """The uvicorn cycle behind the ASGI ``send`` when :func:`write_at_once` can answer through
+    it now; ``None`` when it cannot, and the response must be sent the usual way: ``send`` is not
+    a uvicorn httptools cycle's (another server, an in-process test client), the connection's
+    writes are paused (the client is not reading: uvicorn's send would wait for the drain), the
+    client is gone, or a response has begun."""
     cycle = getattr(send, "__self__", None)
     if (type(cycle) is not RequestResponseCycle or cycle.flow.write_paused
-            or cycle.disconnected or cycle.response_started):
-        return False
-    _run_one_step(cycle.send({"type": "http.response.start", "status": status,
-                              "headers": headers}))
-    _run_one_step(cycle.send({"type": "http.response.body", "body": body}))
-    return True
+            or cycle.disconnected or cycle.response_started
+            or not isinstance(cycle.transport, OneWriteResponse)
+            or cycle.transport.is_closing()):
+        return None
+    return cycle
+
+
+def write_at_once(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]],
+                  body: bytes) -> None:
+    """Write a whole response (``status``, ``headers``, ``body``) through ``cycle`` (from
+    :func:`cycle_to_write`), now, from plain (non-async) code on the event loop.
+
+    uvicorn's ``RequestResponseCycle.send`` awaits only while the connection's writes are paused;
+    otherwise each call runs to its end in one step, so it is run here one step at a time
+    instead of being awaited. The head's step writes nothing (:class:`OneWriteResponse` holds
+    it for the body), so writes cannot become paused between the two steps.
+
+    Raises:
+        RuntimeError: uvicorn's own checks (an invalid header) or, should its ``send`` wait all
+            the same, that it did. The connection is closed first: a response begun cannot be
+            taken back, and uvicorn closes it too when an application fails mid-response.
+    """
+    try:
+        _run_one_step(cycle.send({"type": "http.response.start", "status": status,
+                                  "headers": headers}))
+        _run_one_step(cycle.send({"type": "http.response.body", "body": body}))
+    except BaseException:
+        cycle.transport.close()
+        raise
 
 
 def _run_one_step(step: Coroutine[Any, Any, None]) -> None:

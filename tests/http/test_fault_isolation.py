@@ -184,3 +184,4 @@ def test_a_crashed_model_thread_fails_liveness_so_the_pod_restarts(
             answer = client.get(probe)
             assert answer.status_code == 503, (probe, answer.text)
             assert "primary model cannot serve: model thread crashed" in error_of(answer)
+        assert client.get("/v2/models/probe/ready").status_code == 503

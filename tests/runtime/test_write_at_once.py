@@ -1,7 +1,8 @@
-"""``http11.write_at_once``: an answer written from plain code on the event loop, through
-uvicorn's own cycle, over a real uvloop transport on a socket pair. The answer leaves while
-the request's handler is still waiting, and the connection goes on serving; where the cycle
-cannot take it at once, nothing is written and the handler sends as usual."""
+"""``http11.cycle_to_write`` and ``write_at_once``: an answer written from plain code on the
+event loop, through uvicorn's own cycle, over a real uvloop transport on a socket pair. The
+answer leaves while the request's handler is still waiting, and the connection goes on
+serving; where the cycle cannot take it at once, nothing is written and the handler sends as
+usual; a response uvicorn refuses half-way closes the connection."""
 
 from __future__ import annotations
 
@@ -14,11 +15,20 @@ import uvloop
 from uvicorn.server import ServerState
 
 from tailguard_runtime.connections import bounded_protocol
-from tailguard_runtime.http11 import write_at_once
+from tailguard_runtime.http11 import cycle_to_write, write_at_once
 from tailguard_runtime.settings import ConnectionSettings
 
 REQUEST = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi"
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+
+
+def write(send: Callable, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """As the inference route does: write at once when the cycle allows; whether it did."""
+    cycle = cycle_to_write(send)
+    if cycle is None:
+        return False
+    write_at_once(cycle, 200, headers, body)
+    return True
 
 
 def received(peer: socket.socket) -> bytes:
@@ -71,7 +81,7 @@ def test_the_answer_leaves_while_the_handler_waits_and_the_connection_goes_on() 
         loop = asyncio.get_running_loop()
         n = len(wrote) + 1
         # as the batcher's hand-out does: a plain callback, while the handler is parked
-        loop.call_soon(lambda: wrote.append(write_at_once(send, 200, HEADERS, b"%d!" % n)))
+        loop.call_soon(lambda: wrote.append(write(send, HEADERS, b"%d!" % n)))
         await released.wait()
         finished.append(n)
 
@@ -97,7 +107,7 @@ def test_nothing_is_written_while_writes_are_paused_and_the_handler_sends_it() -
         await receive()
         protocol = send.__self__.on_response.__self__  # the connection of this cycle
         protocol.pause_writing()  # as the transport does when the client stops reading
-        outcomes.append(write_at_once(send, 200, HEADERS, b"ok"))
+        outcomes.append(write(send, HEADERS, b"ok"))
         protocol.resume_writing()
         await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -114,18 +124,45 @@ def test_a_started_response_or_a_send_that_is_not_uvicorns_is_left_alone() -> No
     outcomes: list[bool] = []
 
     async def not_uvicorns(message: dict) -> None:
-        raise AssertionError("write_at_once must not call a send it does not know")
+        raise AssertionError("a send that is not uvicorn's must not be called")
 
     async def app(scope: dict, receive: Callable, send: Callable) -> None:
         await receive()
-        outcomes.append(write_at_once(not_uvicorns, 200, HEADERS, b"ok"))
+        outcomes.append(write(not_uvicorns, HEADERS, b"ok"))
         await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
-        outcomes.append(write_at_once(send, 200, HEADERS, b"ok"))
+        outcomes.append(write(send, HEADERS, b"ok"))
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def case(peer: socket.socket, protocol: Any) -> None:
         peer.send(REQUEST)
         got = await answer(peer, b"ok")
         assert got.count(b"HTTP/1.1") == 1 and outcomes == [False, False]
+
+    serve(app, case)
+
+
+def test_a_response_uvicorn_refuses_half_way_closes_the_connection() -> None:
+    errors: list[str] = []
+
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        await receive()
+        cycle = cycle_to_write(send)
+        assert cycle is not None
+        try:  # a header value with a line break: uvicorn refuses it after starting the response
+            write_at_once(cycle, 200, [(b"x-bad", b"a\r\nb"), *HEADERS], b"ok")
+        except RuntimeError as exc:
+            errors.append(str(exc))
+        assert cycle_to_write(send) is None  # begun, and closing: nothing more goes through
+
+    async def case(peer: socket.socket, protocol: Any) -> None:
+        peer.send(REQUEST)
+        for _ in range(200):
+            if protocol.transport.is_closing():
+                break
+            await asyncio.sleep(0.01)
+        assert errors and "header value" in errors[0]
+        assert protocol.transport.is_closing()
+        await asyncio.sleep(0.05)
+        assert received(peer) == b""  # no head without its body
 
     serve(app, case)
