@@ -30,13 +30,11 @@ from .admission import RefusalPacer
 from .control import add_control_routes
 from .errors import (BodyTimeout, Draining, GraceEnded, IncompleteBody, InvalidInput,
                      ModelFailed, NotReady, Overloaded, PayloadTooLarge, TailguardError)
-from .http11 import cycle_to_write, write_at_once
 from .metrics import REFUSALS_DELAYED
 from .models import Predictor, check_input_range
 from .protocol import (V2Request, check_stated_size, decode_v1, decode_v2, decompress,
                        encode_error, encode_v1, encode_v2, max_valid_body_bytes,
                        parse_timeout_header)
-from .rows import Outputs
 from .service import Runtime, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -175,17 +173,12 @@ class InferenceApp:
             else:
                 x = decoded
             admitted = True
-            answered = False
-
-            def answer_at_once(outputs: Outputs) -> None:
-                nonlocal answered
-                answered = self._answer_at_once(send, served, request if v2 else None, outputs,
-                                                arrival)
-
-            outputs = await served.batcher.submit(x, timeout_s, answer_at_once)
-            if answered:
-                return
-            payload = self._encode(served, request if v2 else None, outputs)
+            outputs = await served.batcher.submit(x, timeout_s)
+            if v2:
+                payload = encode_v2(runtime.name, served.version, request.id, predictor.outputs,
+                                    outputs, request.outputs, served.parameters)
+            else:
+                payload = encode_v1(outputs[0])
         except TailguardError as exc:
             await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
                              close=isinstance(exc, PayloadTooLarge) and body is None)
@@ -196,50 +189,15 @@ class InferenceApp:
                              TailguardError(f"internal error: {type(exc).__name__}"),
                              arrival, perf_counter(), admitted)
             return
+        headers = self.headers[served.role][0 if runtime.keep_alive else 1]
         await send({"type": "http.response.start", "status": 200,
-                    "headers": self._ok_headers(served, payload)})
+                    "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
         await send({"type": "http.response.body", "body": payload})
-        self._count_ok(served, arrival)
-
-    def _encode(self, served: ServedModel, request: V2Request | None, outputs: Outputs) -> bytes:
-        """The 200 body: v2 when ``request`` is given, v1 otherwise."""
-        if request is None:
-            return encode_v1(outputs[0])
-        return encode_v2(self.runtime.name, served.version, request.id,
-                         served.predictor.outputs, outputs, request.outputs, served.parameters)
-
-    def _ok_headers(self, served: ServedModel, payload: bytes) -> list[tuple[bytes, bytes]]:
-        headers = self.headers[served.role][0 if self.runtime.keep_alive else 1]
-        return [*headers, (b"content-length", b"%d" % len(payload))]
-
-    @staticmethod
-    def _count_ok(served: ServedModel, arrival: float) -> None:
         now = perf_counter()
         metrics = served.metrics
         metrics.request_duration(now - arrival)
         metrics.count_ok()
         served.stats.admitted(now, now - arrival, True)
-
-    def _answer_at_once(self, send: Send, served: ServedModel, request: V2Request | None,
-                        outputs: Outputs, arrival: float) -> bool:
-        """Answer 200 from the batch's hand-out (see :meth:`Batcher.submit`'s ``on_result``) when
-        :func:`cycle_to_write` allows; whether the request is answered (its handler then sends
-        nothing). When it is not, nothing was written, and the handler answers as usual (an
-        encoding error included: the handler meets it again and answers it as any other)."""
-        cycle = cycle_to_write(send)
-        if cycle is None:
-            return False
-        try:
-            payload = self._encode(served, request, outputs)
-        except Exception:
-            return False
-        try:
-            write_at_once(cycle, 200, self._ok_headers(served, payload), payload)
-        except Exception:  # a bug of ours or a uvicorn we were not written for
-            logger.exception("writing an answer at the hand-out failed; its connection is closed")
-            return True
-        self._count_ok(served, arrival)
-        return True
 
     def _decode(self, body: bytes, encoding: bytes | None, predictor: Predictor,
                 v2: bool) -> V2Request | Any:

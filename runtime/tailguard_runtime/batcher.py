@@ -46,15 +46,11 @@ class Request:
     ``future`` resolves to the request's own :data:`Outputs` or raises a
     :class:`~tailguard_runtime.errors.TailguardError`. ``taken`` counts rows handed to the model;
     a request whose future is done (answered, expired, cancelled) is skipped by the queue.
-    ``on_result``, when given, is called with the outputs on the event loop just before the
-    future resolves (see :meth:`Batcher.submit`).
     """
 
-    __slots__ = ("x", "n_rows", "arrival", "deadline", "future", "taken", "parts", "timer",
-                 "on_result")
+    __slots__ = ("x", "n_rows", "arrival", "deadline", "future", "taken", "parts", "timer")
 
-    def __init__(self, x: np.ndarray, arrival: float, deadline: float, future: Any,
-                 on_result: Callable[[Outputs], None] | None = None) -> None:
+    def __init__(self, x: np.ndarray, arrival: float, deadline: float, future: Any) -> None:
         self.x = x
         self.n_rows = x.shape[0]
         self.arrival = arrival
@@ -63,7 +59,6 @@ class Request:
         self.taken = 0
         self.parts: list[Outputs] = []
         self.timer: asyncio.TimerHandle | None = None
-        self.on_result = on_result
 
 
 WINDOW_SLACK_S = 0.002
@@ -253,16 +248,10 @@ class Batcher:
                                         daemon=True)
         self._thread.start()
 
-    async def submit(self, x: np.ndarray, timeout_s: float,
-                     on_result: Callable[[Outputs], None] | None = None) -> Outputs:
+    async def submit(self, x: np.ndarray, timeout_s: float) -> Outputs:
         """Admit ``x`` (``(n_rows, n_features)`` float64) and wait for its outputs.
 
-        ``timeout_s`` is the request's deadline in seconds from now. ``on_result(outputs)``,
-        when given, runs on the event loop as the batch's answers are handed out, before this
-        coroutine resumes: the HTTP layer writes the answer from there, so that it need not
-        wait for the event loop's next turn to resume the handler (beside busy clients, one
-        turn took 7-8 ms at the p99). It must not raise; if it does, the error is logged and
-        the outputs are still returned.
+        ``timeout_s`` is the request's deadline in seconds from now.
 
         Raises:
             Draining: the runtime is shutting down, or the grace period ended first.
@@ -284,7 +273,7 @@ class Batcher:
               busy=self.busy)
         now = perf_counter()
         future: asyncio.Future[Outputs] = loop.create_future()
-        request = Request(x, now, now + timeout_s, future, on_result)
+        request = Request(x, now, now + timeout_s, future)
         request.timer = loop.call_later(timeout_s, self._expire, request)
         self.in_flight.add(request)
         with self._lock:
@@ -423,10 +412,9 @@ class Batcher:
     def _finish(self, segments: list[Segment],
                 pieces: list[tuple[int, int, Outputs | BaseException]], taken_at: float,
                 seconds: float) -> None:
-        """Hand out a batch's answers (each request's ``on_result`` hook, where given, writes
-        its answer here), record the batch, and let the model thread go on: the next batch
-        starts once every answer of this one is out. Should that fail (a bug of ours), the
-        batch's requests still waiting get a 500 at once rather than their deadlines' 504."""
+        """Hand out a batch's answers, record it, and let the model thread go on. Should that
+        fail (a bug of ours), the batch's requests still waiting get a 500 at once rather than
+        their deadlines' 504."""
         try:
             self.estimate.record(seconds)
             self._deliver(segments, pieces)
@@ -467,17 +455,8 @@ class Batcher:
                 future.set_exception(ModelFailed(
                     f"model raised on this request's rows: {type(result).__name__}: {result}", status))
             elif rows == request.n_rows:
-                self._resolve(request, result)
+                future.set_result(result)
             else:
                 request.parts.append(result)
                 if stop == request.n_rows:
-                    self._resolve(request, concat_outputs(request.parts))
-
-    @staticmethod
-    def _resolve(request: Request, outputs: Outputs) -> None:
-        if request.on_result is not None:
-            try:
-                request.on_result(outputs)
-            except Exception:  # a bug in the hook: its neighbours in the batch still get theirs
-                logger.exception("a request's on_result hook raised")
-        request.future.set_result(outputs)
+                    future.set_result(concat_outputs(request.parts))

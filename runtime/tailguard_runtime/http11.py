@@ -17,9 +17,6 @@
   uvloop that costs system calls that release the GIL; with the model's thread waiting for it,
   each one hands the GIL over, and every connection accepted in a burst waits its turn
   (:meth:`JsonHttpProtocol.connection_made`).
-* **An answer can be written without a turn of the event loop** (:func:`write_at_once`), from
-  the callback that hands a batch's answers out, rather than from the request's handler task,
-  which resumes only at the event loop's next turn.
 * **A response's head and body go out in one write.** uvicorn writes the status line and
   headers, then the body, each with its own ``transport.write``, and uvloop sends each at once:
   two ``send(2)`` calls, and two TCP segments for the client to read, per answer. Here the head
@@ -33,13 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Coroutine, cast
+from typing import Any, cast
 
 import httptools
 from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtocol,
-                                                   RequestResponseCycle)
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.protocols.utils import is_ssl
 
 from .protocol import encode_error
@@ -100,54 +96,6 @@ class OneWriteResponse:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
-
-
-def cycle_to_write(send: Any) -> RequestResponseCycle | None:
-    """The uvicorn cycle behind the ASGI ``send`` when :func:`write_at_once` can answer through
-    it now; ``None`` when it cannot, and the response must be sent the usual way: ``send`` is not
-    a uvicorn httptools cycle's (another server, an in-process test client), the connection's
-    writes are paused (the client is not reading: uvicorn's send would wait for the drain), the
-    client is gone, or a response has begun."""
-    cycle = getattr(send, "__self__", None)
-    if (type(cycle) is not RequestResponseCycle or cycle.flow.write_paused
-            or cycle.disconnected or cycle.response_started
-            or not isinstance(cycle.transport, OneWriteResponse)
-            or cycle.transport.is_closing()):
-        return None
-    return cycle
-
-
-def write_at_once(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]],
-                  body: bytes) -> None:
-    """Write a whole response (``status``, ``headers``, ``body``) through ``cycle`` (from
-    :func:`cycle_to_write`), now, from plain (non-async) code on the event loop.
-
-    uvicorn's ``RequestResponseCycle.send`` awaits only while the connection's writes are paused;
-    otherwise each call runs to its end in one step, so it is run here one step at a time
-    instead of being awaited. The head's step writes nothing (:class:`OneWriteResponse` holds
-    it for the body), so writes cannot become paused between the two steps.
-
-    Raises:
-        RuntimeError: uvicorn's own checks (an invalid header) or, should its ``send`` wait all
-            the same, that it did. The connection is closed first: a response begun cannot be
-            taken back, and uvicorn closes it too when an application fails mid-response.
-    """
-    try:
-        _run_one_step(cycle.send({"type": "http.response.start", "status": status,
-                                  "headers": headers}))
-        _run_one_step(cycle.send({"type": "http.response.body", "body": body}))
-    except BaseException:
-        cycle.transport.close()
-        raise
-
-
-def _run_one_step(step: Coroutine[Any, Any, None]) -> None:
-    try:
-        step.send(None)
-    except StopIteration:
-        return
-    step.close()
-    raise RuntimeError("uvicorn's send waited with writes not paused")
 
 
 def _host_port(info: Any) -> tuple[str, int] | None:

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from http_harness import (RuntimeServer, labels, probe_rows, probe_runtime, raw_exchange,
-                          read_response, scrape, v1_body)
+from http_harness import (RuntimeServer, labels, probe_rows, probe_runtime, raw_exchange, scrape,
+                          v1_body)
 
 NAME = "wire"
 V1 = f"/v1/models/{NAME}:predict"
@@ -138,27 +138,3 @@ def test_a_body_cut_short_is_never_run_nor_counted_as_a_success(
         assert after[(name, key)] == before[(name, key)], name  # the model never ran
     ok = ("tailguard_requests_total", labels(NAME, code="200"))
     assert after[ok] == before[ok]
-
-
-def test_answers_written_at_the_hand_out_keep_the_connection_and_its_order(
-        wire: tuple[RuntimeServer, Any]) -> None:
-    """A 200 goes out from the batch's hand-out, not from its handler: on one keep-alive
-    connection, requests one after the other and then pipelined all get their own answers,
-    in order, and the handlers send nothing more (a second send would fail in uvicorn, be
-    logged and close the connection)."""
-    server, model = wire
-    batches = [probe_rows(1 + i % 3, seed=40 + i) for i in range(8)]
-    requests = [_post_head(len(body)) + body
-                for body in (json.dumps(v1_body(rows)).encode() for rows in batches)]
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        answers = []
-        for request in requests[:4]:
-            sock.sendall(request)
-            answers.append(read_response(sock))
-        sock.sendall(b"".join(requests[4:]))
-        answers += [read_response(sock) for _ in requests[4:]]
-    for rows, (status, headers, body) in zip(batches, answers):
-        assert status == 200 and headers.get("connection") != "close"
-        assert json.loads(body) == {"predictions": model.predict(rows).tolist()}
-    log = server.log_text()
-    assert "Exception in ASGI application" not in log and "hand-out failed" not in log

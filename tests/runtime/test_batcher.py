@@ -413,33 +413,3 @@ async def test_a_crashed_model_thread_fails_what_it_held() -> None:
         assert info.value.status_code == 500 and not batcher.in_flight
         with pytest.raises(TailguardError, match="model thread crashed"):  # no one serves it
             await batcher.submit(_rows(1, 1), 30.0)
-
-
-async def test_on_result_runs_at_the_hand_out_before_any_handler_resumes() -> None:
-    """``on_result`` sees every request's own outputs in the hand-out itself: by the time the
-    first submitter resumes, all of the batch's hooks have run (the HTTP layer writes each
-    answer from there). A hook that raises costs its neighbours nothing."""
-    model = GatedModel()
-    async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
-        blocker = await _busy(model, batcher)
-        seen: dict[int, np.ndarray] = {}
-
-        def hook(i: int) -> Callable[[object], None]:
-            def on_result(outputs: object) -> None:
-                if i == 1:
-                    raise RuntimeError("a broken hook")
-                seen[i] = outputs[0]  # type: ignore[index]
-            return on_result
-
-        async def submit(i: int) -> int:
-            await batcher.submit(_rows(1, 10 * i), 30.0, hook(i))
-            return len(seen)
-
-        tasks = [asyncio.create_task(submit(i)) for i in range(4)]
-        await _wait_for(lambda: batcher.queue_depth == 4)
-        model.gate.set()
-        await blocker
-        assert await asyncio.gather(*tasks) == [3, 3, 3, 3]
-        for i in (0, 2, 3):
-            np.testing.assert_array_equal(seen[i], _rows(1, 10 * i).sum(axis=1))
-        assert len(model.batches[-1]) == 4  # all four in one batch
