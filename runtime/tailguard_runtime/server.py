@@ -124,7 +124,6 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
     server = DrainingServer(config, runtime)
     tune_garbage_collector()
-    tune_switch_interval()
     lag_probe = LoopLagProbe(asyncio.get_running_loop(),
                              EVENT_LOOP_LAG.labels(runtime.name).observe)
     lag_probe.start()
@@ -198,26 +197,6 @@ def tune_garbage_collector() -> None:
     gc.freeze()
     if gc.get_threshold() == CPYTHON_GC_DEFAULTS:
         gc.set_threshold(*GC_THRESHOLDS)
-
-
-CPYTHON_SWITCH_INTERVAL_S = 0.005
-"""CPython's default GIL switch interval, in seconds (:func:`sys.getswitchinterval`)."""
-
-SWITCH_INTERVAL_S = 0.001
-"""The GIL switch interval while serving, in seconds, in place of CPython's 5 ms: how long a
-thread that wants the GIL waits before the one holding it is asked to let go. The event loop
-and the model thread hand the GIL to each other at least twice a batch (a request reaches the
-idle model thread; the answers go back to the loop), and each hand-over while the other is busy
-could wait the whole interval. Measured with ``bench/soak.py`` (``bench/README.md``, "The GIL's
-switch interval"): beside the hostile mix the good client's p99 fell from 10.5-15.2 ms to
-8.4-12.7 ms, and req/s at 64 clients rose by 12%."""
-
-
-def tune_switch_interval() -> None:
-    """Set :data:`SWITCH_INTERVAL_S` if the switch interval is still CPython's default (one set
-    by whoever runs the process is left alone)."""
-    if sys.getswitchinterval() == CPYTHON_SWITCH_INTERVAL_S:
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def limit_threads() -> None:
