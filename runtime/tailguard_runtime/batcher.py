@@ -61,9 +61,12 @@ class Request:
         self.timer: asyncio.TimerHandle | None = None
 
 
-WINDOW_SLACK_S = 0.002
-"""Seconds a forming batch keeps in hand before the earliest deadline: the model thread's wake-up
-(which may wait for the GIL) and the answers' hand-out on the event loop."""
+WINDOW_SLACK_S = 0.010
+"""Seconds a forming batch keeps in hand before the earliest deadline: the model thread's wake-up,
+which may wait for the GIL up to CPython's switch interval (``sys.getswitchinterval()``, 5 ms)
+while the event loop runs, and the answers' hand-out, which waits for a turn of the event loop.
+2 ms was too little on a busy machine: a request due in 1 s behind a 3 s window got a 504 on
+an otherwise idle server while the CI machine ran the test suite on both cores."""
 
 def latest_dispatch(deadline: float, batch_s: float) -> float:
     """The latest time (``perf_counter`` s) a batch holding a request due at ``deadline`` may go:
@@ -112,8 +115,9 @@ class BatchQueue:
         ``None`` when nothing is queued; ``-inf`` (at once) when the batch is already full, when
         ``max_wait_s`` is 0, or when flushing; otherwise the first queued request's arrival plus
         ``max_wait_s``, but no later than the earliest queued deadline minus twice ``batch_s``
-        (the expected model time, in seconds) and 2 ms of slack: waiting for batch-mates never
-        costs a request its deadline, even when the model call runs slower than usual.
+        (the expected model time, in seconds) and :data:`WINDOW_SLACK_S`: waiting for
+        batch-mates never costs a request its deadline, even when the model call runs slower
+        than usual.
         """
         self._drop_dead_head()
         if not self._items:

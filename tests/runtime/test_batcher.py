@@ -11,7 +11,7 @@ from typing import AsyncIterator, Callable
 import numpy as np
 import pytest
 
-from tailguard_runtime.batcher import Batcher, BatchQueue, Request
+from tailguard_runtime.batcher import WINDOW_SLACK_S, Batcher, BatchQueue, Request
 from tailguard_runtime.rows import predict_isolating
 from tailguard_runtime.errors import (DeadlineExceeded, Draining, ModelFailed, Overloaded,
                                       PayloadTooLarge, TailguardError)
@@ -58,8 +58,8 @@ def test_the_window_closes_in_time_for_the_earliest_deadline() -> None:
     queue = BatchQueue(max_batch_size=8, max_wait_s=0.300)
     queue.push(_req(1, arrival=10.0, deadline=12.0))
     queue.push(_req(1, arrival=10.1, deadline=10.2))
-    assert queue.dispatch_at(batch_s=0.05) == pytest.approx(10.2 - 0.1 - 0.002)
-    assert queue.dispatch_at() == pytest.approx(10.2 - 0.002)
+    assert queue.dispatch_at(batch_s=0.05) == pytest.approx(10.2 - 0.1 - WINDOW_SLACK_S)
+    assert queue.dispatch_at() == pytest.approx(10.2 - WINDOW_SLACK_S)
 
 
 def test_empty_queue_has_nothing_to_dispatch() -> None:
@@ -341,7 +341,8 @@ async def test_an_arrival_with_an_earlier_deadline_closes_a_waiting_window_early
     """The model thread sleeps until the window closes; a request whose deadline comes first
     wakes it, so the batch still goes in time for that deadline. The batcher is told that a
     batch takes 0.2 s, so the window closes 0.4 s before the urgent deadline: room enough for
-    a slow thread wake-up on a busy machine (with no estimate it would close 2 ms before)."""
+    a slow thread wake-up on a busy machine (with no estimate it would close
+:data:`WINDOW_SLACK_S` before)."""
     model = GatedModel()
     async with started(model, max_batch_size=8, max_wait_ms=60_000, max_queue_size=64) as batcher:
         batcher.estimate.record(0.2)
