@@ -8,8 +8,8 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 |---|---|---|
 | ``tailguard_request_duration_seconds`` | histogram | admitted request, body received to answer |
 | ``tailguard_queue_wait_seconds`` | histogram | arrival until its first rows reach the model |
-| ``tailguard_batch_size_rows`` | histogram | rows per model call |
-| ``tailguard_batch_duration_seconds`` | histogram | one model call |
+| ``tailguard_batch_size_rows`` | histogram | rows per batch |
+| ``tailguard_batch_duration_seconds`` | histogram | model time of one batch: its model call and, when that raised, the calls isolating the failing requests |
 | ``tailguard_queue_depth`` | gauge | rows waiting (the unit of ``maxQueueSize``) |
 | ``tailguard_in_flight_requests`` | gauge | admitted, not yet answered |
 | ``tailguard_requests_total`` | counter | answered requests, by HTTP ``code`` |
@@ -45,9 +45,10 @@ REQUEST_DURATION = Histogram("tailguard_request_duration_seconds",
 QUEUE_WAIT = Histogram("tailguard_queue_wait_seconds",
                        "Time from arrival until a request's first rows reach the model.", LABELS,
                        buckets=LATENCY_BUCKETS_S)
-BATCH_SIZE = Histogram("tailguard_batch_size_rows", "Rows per model call.", LABELS,
+BATCH_SIZE = Histogram("tailguard_batch_size_rows", "Rows per batch.", LABELS,
                        buckets=BATCH_BUCKETS)
-BATCH_DURATION = Histogram("tailguard_batch_duration_seconds", "Duration of one model call.",
+BATCH_DURATION = Histogram("tailguard_batch_duration_seconds",
+                           "Model time of one batch, calls isolating failing requests included.",
                            LABELS, buckets=LATENCY_BUCKETS_S)
 QUEUE_DEPTH = Gauge("tailguard_queue_depth",
                     "Rows waiting for the model (the unit of maxQueueSize).", LABELS)
@@ -115,7 +116,8 @@ class RoleMetrics:
             REJECTIONS.labels(*self.labels, reason).inc()
 
     def observe_batch(self, rows: int, seconds: float) -> None:
-        """Record one model call of ``rows`` rows that took ``seconds``."""
+        """Record one batch of ``rows`` rows whose model time was ``seconds`` (calls isolating
+        failing requests included)."""
         self.batch_size(rows)
         self.batch_duration(seconds)
 

@@ -141,7 +141,8 @@ class Totals:
             self.failed[failure] = self.failed.get(failure, 0) + 1
 
     def call(self, seconds: float) -> None:
-        """Count one model call (one batch) that took ``seconds``."""
+        """Count one batch whose model time was ``seconds`` (calls isolating failing requests
+        included)."""
         self.calls += 1
         self.call_seconds += seconds
         if self.slow_call_s is not None and seconds > self.slow_call_s:
