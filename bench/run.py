@@ -1,6 +1,6 @@
 """The whole benchmark in one command: tailguard against its peers, on two pinned cores.
 
-    .venv/bin/python bench/run.py                 # full run, 5-7 minutes
+    .venv/bin/python bench/run.py                 # full run, 5-8 minutes
     .venv/bin/python bench/run.py --quick         # 3 s points, a smoke run (~2 minutes)
     .venv/bin/python bench/run.py --targets tailguard --clients 64
 
@@ -365,6 +365,8 @@ def build_targets(selected: Sequence[str], model: Path) -> list[Target]:
         # tree, ~5 ms a call): the like-for-like comparison with the peers' model cost
         targets.append(tailguard(64, "sklearn predict_proba, batching on (64 rows, 0 ms)",
                                  "--no-fast-forests"))
+        targets.append(tailguard(1, "sklearn predict_proba, batching off (1 row)",
+                                 "--no-fast-forests"))
     if "mosec" in selected:
         python = peer_python("mosec")
         if python is None:
@@ -622,7 +624,12 @@ def check_targets(points: Sequence[dict[str, Any]],
     None when a needed point is missing):
 
     * at 64 clients, batching on: req/s at least mosec's, and p99 no higher than mosec's;
-    * at 64 clients: batching on gives at least 10x the req/s of batching off;
+    * at 64 clients: batching on gives at least 10x the req/s of batching off, with the
+      runtime's forest path and with scikit-learn's own ``predict_proba``. The 10x comes from
+      issue 2, for a model call of ~4.7 ms whatever its row count (scikit-learn's, which
+      ``--no-fast-forests`` keeps); the forest path cut the call for one row to ~0.35 ms, so
+      batching has far less fixed cost to share there, and the first check can miss while the
+      second holds;
     * at 1 client: batching on adds at most 1 ms to p50 over batching off.
 
     The mosec comparison uses the medians of the interleaved head-to-head (``ab``, see
@@ -653,12 +660,18 @@ def check_targets(points: Sequence[dict[str, Any]],
     else:
         add("64 clients: req/s >= mosec's", "mosec not measured", None)
         add("64 clients: p99 <= mosec's", "mosec not measured", None)
-    if on64 and off64:
-        ratio = on64["req_per_s"] / max(off64["req_per_s"], 1e-9)
-        add("64 clients: batching on >= 10x batching off req/s",
-            f"{on64['req_per_s']:,.0f} vs {off64['req_per_s']:,.0f} ({ratio:.1f}x)", ratio >= 10)
-    else:
-        add("64 clients: batching on >= 10x batching off req/s", "missing point", None)
+    for model, on, off in (
+            ("", on64, off64),
+            (", scikit-learn's predict_proba",
+             _point(points, "tailguard", "sklearn predict_proba, batching on", 64),
+             _point(points, "tailguard", "sklearn predict_proba, batching off", 64))):
+        target = f"64 clients{model}: batching on >= 10x batching off req/s"
+        if on and off:
+            ratio = on["req_per_s"] / max(off["req_per_s"], 1e-9)
+            add(target, f"{on['req_per_s']:,.0f} vs {off['req_per_s']:,.0f} ({ratio:.1f}x)",
+                ratio >= 10)
+        else:
+            add(target, "missing point", None)
     if on1 and off1:
         delta = on1["p50_ms"] - off1["p50_ms"]
         add("1 client: batching adds <= 1 ms to p50",
