@@ -10,8 +10,9 @@ What it does, in order:
 2. times raw in-process ``predict`` on the server core (bench/predict_table.py);
 3. measures the load generator's own ceiling against a do-nothing server
    (bench/peers/null_server.py), so a saturated client would be visible;
-4. for each target (tailguard with batching on, tailguard with batching off, and mosec, MLServer
-   and a plain FastAPI app when available) starts the server pinned to the server core
+4. for each target (tailguard with batching on and off, the same calling scikit-learn's own
+   ``predict_proba`` with batching on and off, and mosec, MLServer and a plain FastAPI app when
+   available) starts the server pinned to the server core
    (``taskset -c 0``), checks one answer, then runs the closed-loop load generator
    (bench/loadgen.py) pinned to the client core (``taskset -c 1``) at 1, 16 and 64 clients,
    each point a warm-up followed by a measured window, and stops the server (SIGTERM, then
@@ -362,7 +363,7 @@ def build_targets(selected: Sequence[str], model: Path) -> list[Target]:
         targets.append(tailguard(64, "batching on (64 rows, 0 ms)"))
         targets.append(tailguard(1, "batching off (1 row)"))
         # the same server calling scikit-learn's own forest predict_proba (joblib dispatch per
-        # tree, ~5 ms a call): the like-for-like comparison with the peers' model cost
+        # tree, 3-6 ms a call by host): the like-for-like comparison with the peers' model cost
         targets.append(tailguard(64, "sklearn predict_proba, batching on (64 rows, 0 ms)",
                                  "--no-fast-forests"))
         targets.append(tailguard(1, "sklearn predict_proba, batching off (1 row)",
@@ -627,9 +628,9 @@ def check_targets(points: Sequence[dict[str, Any]],
     * at 64 clients: batching on gives at least 10x the req/s of batching off, with the
       runtime's forest path and with scikit-learn's own ``predict_proba``. The 10x comes from
       issue 2, for a model call of ~4.7 ms whatever its row count (scikit-learn's, which
-      ``--no-fast-forests`` keeps); the forest path cut the call for one row to ~0.35 ms, so
-      batching has far less fixed cost to share there, and the first check can miss while the
-      second holds;
+      ``--no-fast-forests`` keeps); the forest path cut the call for one row of the reference
+      model to ~0.12 ms, so batching has far less fixed cost to share there, and the first check
+      can miss while the second holds;
     * at 1 client: batching on adds at most 1 ms to p50 over batching off.
 
     The mosec comparison uses the medians of the interleaved head-to-head (``ab``, see

@@ -290,17 +290,17 @@ def hostile_bodies(n_features: int) -> tuple[bytes, bytes, bytes]:
 
 
 PADDED_SNDBUF = 64 * 1024
-"""Send buffer (``SO_SNDBUF``, bytes) of the padded-body client's sockets; 0 keeps the kernel's
-own (autotuned up to ``net.ipv4.tcp_wmem``'s maximum, 4 MiB here). The server sees the same
-either way: a head stating 16 MiB, then body bytes until it answers 413 and closes, at most its
-receive window of them. What changes is the attacker's own kernel time on the load core, which
-the good client shares: on a kernel without preemption in kernel mode (``PREEMPT_NONE``, this
-VM's), one ``send`` copying up to 4 MiB into the send buffer runs to its end before the good
-client, woken on the same core, gets it. With the padded part alone, the good client's p99 rose
-as much when those bodies went to a do-nothing sink on core 1 as when they went to the runtime,
-and a 64 KiB send buffer halved that rise at the same rate of 413s (``bench/README.md``). The
-good client and the hostile ones stand for different machines; this keeps one core from
-making them one machine in a way the server has no part in."""
+"""Send buffer asked for (``SO_SNDBUF``, bytes; Linux doubles it) on the padded-body client's
+sockets; 0 keeps the kernel's own (autotuned up to ``net.ipv4.tcp_wmem``'s maximum, 4 MiB
+here). The server sees the same either way: a head stating 16 MiB, then body bytes until it
+answers 413 and closes, at most its receive window of them. What changes is the attacker's own
+kernel time on the load core, which the good client shares: on a kernel without preemption in
+kernel mode (``PREEMPT_NONE``, this VM's), one ``send`` copying up to 4 MiB into the send buffer
+runs to its end before the good client, woken on the same core, gets it. A choice about the
+benchmark: the hostile clients stand for other machines than the good client's. Measured with
+the padded part alone, the 64 KiB buffer halved the good client's rise in p99 at the same rate
+of 413s; in the one whole soak with it, the whole mix's rise did not shrink
+(``bench/README.md``, "Where the rest of the mix's cost comes from")."""
 
 
 class Hostile:
@@ -615,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.rounds < 1:
         raise SystemExit("soak: --rounds must be at least 1")
+    if args.padded_sndbuf < 0:
+        raise SystemExit("soak: --padded-sndbuf must be 0 (the kernel's own) or a size in bytes")
     kinds = [k for k in args.hostile.split(",") if k]
     if unknown := set(kinds) - set(Hostile.KINDS):
         raise SystemExit(f"soak: unknown --hostile {sorted(unknown)}; "

@@ -130,9 +130,9 @@ class Observation:
     ``deadline_refused``: refused for their deadline (429 ``deadline``). ``queue_depth``: mean
     rows waiting per replica over the window. ``p99_ms``: the upper edge (ms) of the bucket
     holding the 99th percentile of admitted latencies (capped at the last finite bound), ``None``
-    without admitted requests. ``calls``: model calls (batches) finished in the window,
-    ``slow_calls`` of them longer than half the SLO; ``model_ms``: their mean duration (ms),
-    ``None`` without calls.
+    without admitted requests. ``calls``: batches finished in the window, ``slow_calls`` of them
+    with a model time longer than half the SLO; ``model_ms``: their mean model time (ms, calls
+    isolating failing requests included), ``None`` without calls.
     """
 
     role: str

@@ -37,7 +37,7 @@ class WindowStats:
         self.totals = Totals(latency_bounds_s(slo_s),
                              slow_call_s=None if slo_s is None else slo_s / 2.0)
         """Cumulative counts since start, for the SLO guard (``slo_s``: the SLO in seconds,
-        made a bucket edge; a model call longer than half of it is a slow call)."""
+        made a bucket edge; a batch whose model time is longer than half of it is a slow call)."""
         self._times = np.full(capacity, -np.inf)
         self._latencies = np.zeros(capacity)
         self._ok = np.zeros(capacity, dtype=bool)
@@ -116,9 +116,10 @@ class Totals:
 
     ``bounds_s`` are the latency histogram's upper bounds in seconds (inclusive, as Prometheus'
     ``le``), sorted. Failures of admitted requests and refusals are counted by reason slug.
-    Model calls are counted with their seconds, and apart those longer than ``slow_call_s``
-    (half the SLO: a request that waits for one such call and then runs in the next can miss
-    the SLO with no queue at all; shorter calls miss it only by queueing).
+    Batches are counted with their model time in seconds (calls isolating failing requests
+    included), and apart those longer than ``slow_call_s`` (half the SLO: a request that waits
+    for one such batch and then runs in the next can miss the SLO with no queue at all; shorter
+    batches miss it only by queueing).
     """
 
     def __init__(self, bounds_s: Sequence[float], slow_call_s: float | None = None) -> None:
@@ -157,7 +158,8 @@ class Totals:
 
         Keys: ``admitted``, ``failed`` and ``refused`` (by reason), ``queueRowSeconds`` (the
         queue depth's integral over time, passed in, in row-seconds), ``calls``,
-        ``callSeconds`` and ``slowCalls`` (model calls longer than ``slowCallSeconds``), and
+        ``callSeconds`` and ``slowCalls`` (batches whose model time was longer than
+        ``slowCallSeconds``), and
         ``latencyHistogram`` with ``boundsSeconds`` and cumulative ``counts`` (one per bound,
         then ``+Inf``).
         """
