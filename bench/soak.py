@@ -299,7 +299,7 @@ kernel mode (``PREEMPT_NONE``, this VM's), one ``send`` copying up to 4 MiB into
 runs to its end before the good client, woken on the same core, gets it. A choice about the
 benchmark: the hostile clients stand for other machines than the good client's. Measured with
 the padded part alone, the 64 KiB buffer halved the good client's rise in p99 at the same rate
-of 413s; in the one whole soak with it, the whole mix's rise did not shrink
+of 413s; in the three whole soaks with it, the whole mix's rise did not shrink
 (``bench/README.md``, "Where the rest of the mix's cost comes from")."""
 
 
