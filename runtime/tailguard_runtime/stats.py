@@ -159,9 +159,8 @@ class Totals:
         Keys: ``admitted``, ``failed`` and ``refused`` (by reason), ``queueRowSeconds`` (the
         queue depth's integral over time, passed in, in row-seconds), ``calls``,
         ``callSeconds`` and ``slowCalls`` (batches whose model time was longer than
-        ``slowCallSeconds``), and
-        ``latencyHistogram`` with ``boundsSeconds`` and cumulative ``counts`` (one per bound,
-        then ``+Inf``).
+        ``slowCallSeconds``), and ``latencyHistogram`` with ``boundsSeconds`` and cumulative
+        ``counts`` (one per bound, then ``+Inf``).
         """
         counts: list[int] = []
         running = 0

@@ -342,7 +342,7 @@ async def test_an_arrival_with_an_earlier_deadline_closes_a_waiting_window_early
     wakes it, so the batch still goes in time for that deadline. The batcher is told that a
     batch takes 0.2 s, so the window closes 0.4 s before the urgent deadline: room enough for
     a slow thread wake-up on a busy machine (with no estimate it would close
-:data:`WINDOW_SLACK_S` before)."""
+    :data:`WINDOW_SLACK_S` before)."""
     model = GatedModel()
     async with started(model, max_batch_size=8, max_wait_ms=60_000, max_queue_size=64) as batcher:
         batcher.estimate.record(0.2)
