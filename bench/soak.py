@@ -321,10 +321,10 @@ switch comes when it next leaves the kernel): with ``idle`` that delay was 0.05 
 same 8 s capture. The GIL is shared with this process's RSS sampler, which an idle thread
 preempted while holding it can delay; only the largest sample is checked. A choice about the
 benchmark, as :data:`PADDED_SNDBUF` is: the hostile clients stand for other machines than the
-good client's, and the server's core is untouched. The load core is mostly idle, so the
-hostile threads still send what the server lets them: the connection churn is unchanged, and
-the refused bodies and poison rows, which share the server's refusal budget, split it
-differently (``bench/README.md``, "The load core's scheduler")."""
+good client's, and the server's core is untouched. The load core was 11-17% busy beside the
+mix (``/proc/stat``, the default policy), so the hostile threads still send what the server lets
+them: the connection churn is unchanged, and the refused bodies and poison rows, which share
+the server's refusal budget, split it differently (``bench/README.md``, "The load core's scheduler")."""
 
 
 class Hostile:
