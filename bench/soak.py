@@ -307,6 +307,8 @@ of 413s; in the three whole soaks with it, the whole mix's rise did not shrink
 (``bench/README.md``, "Where the rest of the mix's cost comes from")."""
 
 
+SCHED_POLICIES = ("idle", "normal")
+"""The values of ``--hostile-sched`` (see :data:`HOSTILE_SCHED`)."""
 HOSTILE_SCHED = "idle"
 """Scheduling policy of the hostile mix's threads on the load core: ``idle`` (``SCHED_IDLE``,
 ``sched(7)``) or ``normal`` (the default policy, as in every run before 2026-12-02 13:05 UTC).
@@ -338,8 +340,8 @@ class Hostile:
     def __init__(self, url: str, port: int, n_features: int,
                  kinds: Sequence[str] = KINDS, padded_sndbuf: int = PADDED_SNDBUF,
                  sched: str = HOSTILE_SCHED) -> None:
-        if sched not in ("idle", "normal"):
-            raise ValueError(f"sched must be 'idle' or 'normal', not {sched!r}")
+        if sched not in SCHED_POLICIES:
+            raise ValueError(f"sched must be one of {SCHED_POLICIES}, not {sched!r}")
         self.url, self.port = url, port
         self.padded_sndbuf, self.sched = padded_sndbuf, sched
         self.done = threading.Event()
@@ -641,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--padded-sndbuf", type=int, default=PADDED_SNDBUF, metavar="BYTES",
                         help="send buffer of the padded-body client's sockets (0: the kernel's "
                              f"own; default {PADDED_SNDBUF})")
-    parser.add_argument("--hostile-sched", choices=("idle", "normal"), default=HOSTILE_SCHED,
+    parser.add_argument("--hostile-sched", choices=SCHED_POLICIES, default=HOSTILE_SCHED,
                         help="scheduling policy of the hostile threads on the load core "
                              f"(default {HOSTILE_SCHED}: SCHED_IDLE)")
     parser.add_argument("--good-client", metavar="URL", help=argparse.SUPPRESS)
