@@ -250,6 +250,37 @@ def test_connections_that_send_nothing_are_closed_at_the_keep_alive_timeout(
     assert all(data == b"" for data, _ in closed)
 
 
+def test_a_connection_is_kept_while_requests_come_and_closed_once_idle(
+        bounded: RuntimeServer) -> None:
+    """The keep-alive timeout counts from the last answer, not from connecting: requests
+    spaced at half the timeout for three timeouts keep the connection, and it closes once
+    they stop."""
+    sock = connect(bounded)
+    try:
+        sock.settimeout(5)
+        started = time.monotonic()
+        answers = 0
+        while time.monotonic() - started < 3 * TIMEOUT_S:
+            sock.sendall(LIVE)
+            answer = b""
+            while not answer.endswith(b'{"live":true}'):
+                chunk = sock.recv(4096)
+                assert chunk, f"closed after {answers} answers, {time.monotonic() - started:.1f} s"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            answered_at = time.monotonic()
+            answers += 1
+            time.sleep(TIMEOUT_S / 2)
+        data, _ = read_until_closed(sock, limit_s=20)
+        idle_s = time.monotonic() - answered_at
+    finally:
+        sock.close()
+    assert answers >= 5
+    assert data == b"", data
+    # closed at the timeout (up to one sweep late), not before: 0.5 s allows for delivery
+    assert TIMEOUT_S - 0.5 <= idle_s < 20, idle_s
+
+
 def test_a_head_sent_one_line_at_a_time_gets_408_at_the_head_deadline(
         bounded: RuntimeServer) -> None:
     """1,500 connections sending one header line every 5 s stayed open for 60 s. More expire

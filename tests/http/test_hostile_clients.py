@@ -38,9 +38,10 @@ def waiting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime
 
 @pytest.fixture(scope="module")
 def long_window_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
-    """A forming batch may wait 3 s for batch-mates; requests allow 10 s by default."""
-    with running_runtime(iris_waiting(3000, 10_000),
-                         tmp_path_factory.mktemp("long-window")) as server:
+    """A forming batch may wait 3 s for batch-mates; requests allow 10 s by default; an idle
+    connection is closed after 1 s."""
+    config = {**iris_waiting(3000, 10_000), "connections": {"keepAliveSeconds": 1}}
+    with running_runtime(config, tmp_path_factory.mktemp("long-window")) as server:
         yield server
 
 
@@ -59,6 +60,20 @@ def test_waiting_for_batch_mates_never_costs_a_request_its_deadline(
         plain = client.post(V1, json={"instances": [ROW]})
         assert plain.status_code == 200
         assert time.monotonic() - started >= 2.5  # without a tight deadline, the window holds
+
+
+def test_a_request_waiting_longer_than_the_keep_alive_timeout_is_answered(
+        long_window_server: RuntimeServer) -> None:
+    """The keep-alive timeout is for idle connections: a request that waits 3 s for its
+    batch on a connection whose previous answer went out just before must still get its
+    answer on that connection, not a close at 1 s."""
+    with long_window_server.client(timeout=30) as client:
+        first = client.post(V1, json={"instances": [ROW]})
+        assert first.status_code == 200, first.text
+        port = first.extensions["network_stream"].get_extra_info("client_addr")[1]
+        second = client.post(V1, json={"instances": [ROW]})
+        assert second.status_code == 200, second.text
+        assert second.extensions["network_stream"].get_extra_info("client_addr")[1] == port
 
 
 def test_a_dribbled_body_is_cut_off_at_the_deadline_and_not_counted_as_latency(
