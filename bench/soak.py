@@ -249,29 +249,36 @@ def pooled(windows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 CALIBRATE_TRIES = 2
-"""Runs at one calibration rate while the generator judges its own run invalid."""
+"""Runs at one calibration rate while the generator judges its own run invalid, or the run
+misses the SLO."""
 
 
 def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -> float:
     """The highest of ``rates`` (req/s) served with p99 within ``slo_ms`` and only 200s, by a
-    run the generator judged valid (the first rate when none is); the first valid run that
-    misses ends the calibration. A run the generator judged invalid (its own schedule lag or
-    CPU: the client's fault, not the server's) is tried again, up to :data:`CALIBRATE_TRIES`
-    runs per rate; a rate that stays invalid proves nothing either way and is passed over
-    (until 2026-12-02 it ended the calibration, so a jittery second halved the good rate)."""
+    run the generator judged valid (the first rate when none is). A rate is tried again, up to
+    :data:`CALIBRATE_TRIES` runs, after a run that misses or that the generator judged invalid
+    (its own schedule lag or CPU: the client's fault, not the server's); it passes with one
+    valid run that meets the SLO, and ends the calibration when every valid run missed (until
+    2026-12-02 16:52 UTC, one missed run did: a slow spell of a few seconds at 200 req/s once
+    set the good rate to 50). A rate that stays invalid proves nothing either way and is passed
+    over (until 2026-12-02 it ended the calibration)."""
     best = rates[0]
     for rate in rates:
+        valid = met = False
         for _ in range(CALIBRATE_TRIES):
             report = good_client(url, rate, seconds)
             log(f"calibrate {rate:.0f} req/s: p99 {report['p99Ms']} ms, codes {report['codes']}"
                 + ("" if report["valid"] else f", generator invalid: {report['invalid']}"))
-            if report["valid"]:
+            valid = valid or report["valid"]
+            met = report["valid"] and set(report["codes"]) == {"200"} \
+                and (report["p99Ms"] or 1e9) <= slo_ms
+            if met:
                 break
-        if not report["valid"]:
+        if not valid:
             log(f"calibrate {rate:.0f} req/s: inconclusive (the generator's own fault), "
                 "passed over")
             continue
-        if set(report["codes"]) != {"200"} or (report["p99Ms"] or 1e9) > slo_ms:
+        if not met:
             break
         best = rate
     return best
@@ -282,14 +289,17 @@ def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -
 
 @functools.lru_cache(maxsize=None)
 def hostile_bodies(n_features: int) -> tuple[bytes, bytes, bytes]:
-    """The hostile mix's bodies, built once per run: a gzip body inflating to 16 MiB of v1
-    JSON, 512 rows padded to 16 MiB, and one row holding ``1e300``."""
+    """The hostile mix's bodies, built once per run: a gzip body of 16 KB inflating to 16 MiB
+    of v1 JSON (one row and white space: deflate's best ratio, about 1,025 to 1, as in the
+    issue; until 2026-12-02 16:55 UTC the JSON was rows of zeros, 65 KB compressed), 512 rows
+    padded to 16 MiB, and one row holding ``1e300``."""
     row = b"[" + b",".join([b"0"] * n_features) + b"]"
-    raw = b'{"instances":[' + b",".join([row] * (16 * 1024 * 1024 // (len(row) + 1))) + b"]}"
+    head = b'{"instances":[' + row
+    inflated = head + b" " * (16 * 1024 * 1024 - len(head) - 2) + b"]}"
     rows = json.dumps({"instances": [[0.0] * n_features] * 512}).encode()
     poison_row = [0.0] * n_features
     poison_row[3] = 1e300
-    return (gzip.compress(raw, 9), rows[:-1] + b" " * (16 * 1024 * 1024 - len(rows)) + b"}",
+    return (gzip.compress(inflated, 9), rows[:-1] + b" " * (16 * 1024 * 1024 - len(rows)) + b"}",
             json.dumps({"instances": [poison_row]}).encode())
 
 
