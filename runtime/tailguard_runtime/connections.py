@@ -7,13 +7,11 @@ client could hold memory (pipelined requests it never reads), and many could hol
 descriptor (sockets that send nothing, or one header line at a time). :func:`bounded_protocol`
 builds a subclass that adds, per connection:
 
-* an idle timeout from the moment of connecting, and between requests (uvicorn's keep-alive
-  timeout, seconds): close;
+* an idle timeout (``keep_alive_s``, ``keepAliveSeconds``) from the moment of connecting and
+  from each answer until the next request begins (bytes that begin none, such as blank lines,
+  do not count): close;
 * a deadline for a request's head (``request_head_timeout_s`` from its first byte) and for its
   body (``request_body_timeout_s`` from the end of its head): 408 and close;
-
-all three checked by one sweep over the connections (see :data:`SWEEP_MAX_S`) rather than by
-a timer per connection;
 * at most ``max_pipelined`` parsed and unanswered requests; past that, the rest of what was
   read is held unparsed and reading pauses until answers go out;
 * no reading from a client that does not read its answers: while more than
@@ -21,13 +19,14 @@ a timer per connection;
   more of that connection is read or parsed, so a client pipelining cheap requests cannot keep
   the event loop busy answering into a socket it never drains;
 * a deadline for such a client (``send_stall_timeout_s`` while its answers stay unread, or the
-  write buffer stays above its high-water mark): close;
+  write buffer stays above its high-water mark): close.
 
-and, per process, a cap of ``max_connections`` open connections: a connection past the cap
-evicts the one that has been idle longest (no request in progress, or a head still incomplete;
-those that never completed a request first), or is refused with 503 when every connection
-has a request in progress. :func:`raise_fd_limit` lifts the soft open-file limit first, so the
-cap is rarely what holds.
+The idle, head and body deadlines are checked by one sweep over the connections (see
+:data:`SWEEP_MAX_S`) rather than by timers. Per process, there is a cap of
+``max_connections`` open connections: a connection past the cap evicts the one that has been
+idle longest (no request in progress, or a head still incomplete; those that never completed
+a request first), or is refused with 503 when every connection has a request in progress.
+:func:`raise_fd_limit` lifts the soft open-file limit first, so the cap is rarely what holds.
 
 Every connection closed at the cap, at a head or body deadline, or for a client that reads no
 answers is counted in ``tailguard_connections_closed_total`` by reason (idle ones closed at
@@ -72,11 +71,13 @@ quarter of the shortest of the three timeouts, within these bounds (s), instead 
 uvicorn arms a keep-alive timer after every answer and cancels it when the next request
 arrives (measured with uvloop: 4.6 us a request, and two objects a connection for the garbage
 collector to scan), and head and body timers would cost the same twice more. A deadline fires
-up to one sweep late (at most 1 s, for the default 30 s, 10 s and 30 s)."""
+up to one sweep late (at most 1 s, for the default 30 s, 10 s and 30 s). Short timeouts make
+the sweep more frequent: a keep-alive of 2 s scans every connection twice a second."""
 EXPIRE_BATCH = 16
-"""Connections a sweep answers 408 and closes per event-loop iteration; the rest wait for the
-next iterations. Sockets opened together expire together: 1,500 half-sent heads closed in one
-go held the loop for tens of ms, and every other client's requests with it."""
+"""Connections a sweep closes (with a 408 for an incomplete request) per event-loop iteration;
+the rest wait for the next iterations. Sockets opened together expire together: 1,500
+half-sent heads closed in one go held the loop for tens of ms, and every other client's
+requests with it."""
 
 MAX_UNREAD_BYTES = 64 * 1024
 """Bytes of answers a client may leave unread in the kernel's send queue before the server
@@ -226,13 +227,14 @@ def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHt
 
     def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
         now = loop.time()
+        # the next sweep first: an error below must not end every connection's deadlines
+        sweeper["handle"] = (loop.call_later(sweep_s, _sweep, loop, connections)
+                             if connections else None)
         # attributes, not a method: this runs over every open connection, thousands at times
         _expire(loop, [conn for conn in connections
                        if 0.0 < conn._idle_deadline <= now or 0.0 < conn._head_deadline <= now
                        or 0.0 < conn._body_deadline <= now], now)
         log_tally(tally.due(now))
-        sweeper["handle"] = (loop.call_later(sweep_s, _sweep, loop, connections)
-                             if connections else None)
 
     def _expire(loop: asyncio.AbstractEventLoop, due: list[Any], now: float) -> None:
         for conn in due[:EXPIRE_BATCH]:
@@ -321,9 +323,10 @@ def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHt
             self._idle_deadline = self._head_deadline = self._body_deadline = 0.0
 
         def _unset_keepalive_if_required(self) -> None:
-            """uvicorn cancels its keep-alive timer here (data arrived, the connection was
-            lost, an answer went out); here there is only the deadline to clear."""
-            self._idle_deadline = 0.0
+            """uvicorn cancels its keep-alive timer here whenever data arrives; here the idle
+            deadline ends only when a request begins (:meth:`on_message_begin`), so that bytes
+            beginning no request (blank lines, which the parser skips) cannot keep a
+            connection open."""
 
         # -- reading, with at most max_pipelined requests parsed and unanswered ---------------
 
@@ -421,6 +424,7 @@ def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHt
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._idle_deadline = 0.0
             self._head_deadline = self.loop.time() + head_timeout_s
 
         def on_headers_complete(self) -> None:
@@ -458,7 +462,12 @@ def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHt
             keep-alive timeout), answer 408 to a head or body past its deadline."""
             if 0.0 < self._idle_deadline <= now:
                 self._idle_deadline = 0.0
-                self.timeout_keep_alive_handler()
+                if self._held or self._unread_timer is not None:
+                    # requests held for a client that does not read its answers: the
+                    # send-stall timeout decides, and the connection is idle only after them
+                    self._idle_deadline = now + keep_alive_s
+                else:
+                    self.timeout_keep_alive_handler()
             if 0.0 < self._head_deadline <= now:
                 self._head_timeout(now)
             if 0.0 < self._body_deadline <= now:

@@ -111,8 +111,13 @@ def test_the_scope_holds_the_connections_true_addresses(family: socket.AddressFa
     assert got["seen"]["client"][0] == host
 
 
-def test_connection_made_asks_no_socket_object() -> None:
-    """uvicorn's lookup goes through ``get_extra_info("socket")``; ours must not."""
+@pytest.mark.parametrize("bounded", [False, True], ids=["json-errors", "connection-bounds"])
+def test_connection_made_asks_no_socket_object(bounded: bool) -> None:
+    """uvicorn's lookup goes through ``get_extra_info("socket")``; ours must not, nor may the
+    connection bounds (they look the descriptor up only for a client that pipelines): uvloop
+    makes a socket object for it, one more object per connection for the garbage collector."""
+    protocol_class = (bounded_protocol(ConnectionSettings(), model="test") if bounded
+                      else JsonHttpProtocol)
     asked: list[str] = []
 
     class Recording(asyncio.Transport):
@@ -127,7 +132,7 @@ def test_connection_made_asks_no_socket_object() -> None:
     config = echo_config()
 
     async def case(real: asyncio.Transport, peer: socket.socket) -> tuple[Any, Any]:
-        protocol = JsonHttpProtocol(config=config, server_state=ServerState(), app_state={})
+        protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
         protocol.connection_made(Recording(real))
         return (protocol.server, protocol.client), peer.getsockname()
 
