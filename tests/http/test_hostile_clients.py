@@ -39,8 +39,8 @@ def waiting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime
 @pytest.fixture(scope="module")
 def long_window_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
     """A forming batch may wait 3 s for batch-mates; requests allow 10 s by default; an idle
-    connection is closed after 1 s."""
-    config = {**iris_waiting(3000, 10_000), "connections": {"keepAliveSeconds": 1}}
+    connection is closed after 2 s."""
+    config = {**iris_waiting(3000, 10_000), "connections": {"keepAliveSeconds": 2}}
     with running_runtime(config, tmp_path_factory.mktemp("long-window")) as server:
         yield server
 
@@ -66,7 +66,7 @@ def test_a_request_waiting_longer_than_the_keep_alive_timeout_is_answered(
         long_window_server: RuntimeServer) -> None:
     """The keep-alive timeout is for idle connections: a request that waits 3 s for its
     batch on a connection whose previous answer went out just before must still get its
-    answer on that connection, not a close at 1 s."""
+    answer on that connection, not a close at 2 s."""
     with long_window_server.client(timeout=30) as client:
         first = client.post(V1, json={"instances": [ROW]})
         assert first.status_code == 200, first.text
