@@ -1,6 +1,6 @@
 """A bounded soak: the hostile mix of issue 9 beside a good client, against a real runtime.
 
-    .venv/bin/python bench/soak.py                    # about 5-6 minutes
+    .venv/bin/python bench/soak.py                    # about 6 minutes
     .venv/bin/python bench/soak.py --duration 30 --ab-rounds 0
     .venv/bin/python bench/soak.py --duration 20 --ab-rounds 0 --hostile bombs,padded
 
@@ -12,33 +12,35 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    caps that at 1,024 too, so the connection cap of 768 is what holds). This script and its load processes keep to core 1.
 2. Calibrates: the good client (:func:`openloop`: the project's load generator,
    ``tailguard_operator.loadgen.run_load``, open loop with Poisson arrivals, one digits row per
-   v2 request) at rising rates; the service's rate at SLO is the highest whose p99 stays within
-   the SLO with every answer 200 and the generator's verdict valid. The good rate is half of it.
-3. The good client at that rate, alone and beside the hostile mix in turn, ``--rounds`` times
-   (``--duration`` seconds of each in all, split evenly; alone first in odd rounds, beside the
-   mix first in even ones): its p99 alone and beside the mix are each over every answer of
-   their windows pooled, so a slower spell of the machine falls on both rather than on one.
-   Before each window beside the mix, 2 s for the mix to build up; after it, 2 s for the
-   sockets it left to close.
+   v2 request) at rising rates; the service's rate at SLO is the highest met (p99 within the
+   SLO, every answer 200, in most of the runs the generator judged valid: :func:`calibrate`)
+   before the first that is not. The good rate is half of it.
+3. One good client at that rate through ``--rounds`` rounds of a phase alone and a phase
+   beside the hostile mix (``--duration`` seconds of each in all, split evenly), without a
+   pause: its p99 alone and beside the mix are each over every answer of their phases pooled,
+   so a slower spell of the machine falls on both rather than on one. Before each phase beside
+   the mix, 2 s for the mix to build up; after it, 2 s for the sockets it left to close;
+   requests scheduled in those stretches are left out of the comparison.
 4. The hostile mix: 5 connections pipelining 13 MB of
    health probes each without reading (4 KiB receive buffer), 2 clients posting 16 KB gzip
    bodies that inflate to 16 MiB, 1 posting 512 rows padded to 16 MiB (64 KiB send buffer,
    ``--padded-sndbuf``: see :data:`PADDED_SNDBUF`), 200 idle sockets, 1,500
    sockets sending one header line every 5 s, 20 bodies sent one byte a second, and 59 requests
    a second holding ``1e300`` (poison for a float32 forest), all in threads of the
-   ``SCHED_IDLE`` policy (``--hostile-sched``: see :data:`HOSTILE_SCHED`). Meanwhile: the
-   server's RSS every 0.25 s, and a health probe on a new connection every 0.5 s from a process
-   of its own.
+   ``SCHED_IDLE`` policy (``--hostile-sched``: see :data:`HOSTILE_SCHED`). All through step 3,
+   phases alone included: the server's RSS every 0.25 s, and a health probe on a new
+   connection every 0.5 s from a process of its own.
 5. Unless ``--ab-rounds 0``: req/s at 64 clients (``bench/loadgen.py``, the README's reference
-   model and settings: a shell over the same generator, closed loop) of the runtime before this
-   change (``--before`` git ref, exported with ``git archive``) and after it (this tree),
-   alternating ABAB..., same cores.
+   model and settings: a shell over the same generator, closed loop) of the runtime before
+   (``--before`` git ref, exported with ``git archive``; by default main just before issue 9
+   was merged) and after (this tree),
+   alternating ABBA..., same cores; the ratio is the median of each round's after/before.
 
 Prints one JSON report and the pass/fail of each bound: good p99 within twice its p99 alone and
 within the SLO, RSS under 1 GiB, every health probe under 1 s, every good request answered
 (200, or 429 refused before admission: nothing admitted left unanswered, alone or beside the
 mix), and after/before req/s at 64 clients at least 0.95. When the generator's verdict fires
-for any window (p99 schedule lag over 1 ms, or more than 90% of a core), the report says so
+for the good client's run (p99 schedule lag over 1 ms, or more than 90% of a core), the report says so
 (``generator_invalid``) and the check "good client's generator valid" fails: its latencies are
 then partly its own.
 """
@@ -46,6 +48,8 @@ then partly its own.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import bisect
 import collections
 import contextlib
 import functools
@@ -150,21 +154,73 @@ def _raise_priority() -> None:
         os.nice(GOOD_NICE)
 
 
-def good_client(url: str, rate: float, duration_s: float) -> dict[str, Any]:
-    """:func:`openloop` in its own process (the hostile threads of this one share its GIL),
-    at a higher priority than the hostile mix when allowed (:data:`GOOD_NICE`). Its report
-    comes back through a file: with every latency in it, it runs to hundreds of KB, and read
-    from the child's stdout it once came back cut at 64 KiB (cause not found)."""
-    with tempfile.TemporaryDirectory(prefix="tailguard-good-") as tmp:
-        out = Path(tmp) / "report.json"
+class GoodClient:
+    """:func:`openloop` in a process of its own (the hostile threads of this one share its GIL),
+    at a higher priority than the hostile mix when allowed (:data:`GOOD_NICE`), started at once.
+    Its report comes back through a file: with every latency in it, it runs to megabytes, and
+    read from the child's stdout it once came back cut at 64 KiB (cause not found).
+
+    ``record``: the report carries every request of the window (see :func:`openloop`).
+    :meth:`wait_measuring` returns once the measured window has begun; :meth:`report` waits for
+    the end and returns the report.
+
+    Raises (from :meth:`wait_measuring` and :meth:`report`):
+        RuntimeError: the client process failed or did not finish in time.
+    """
+
+    def __init__(self, url: str, rate: float, duration_s: float, record: bool = False) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="tailguard-good-")
+        self.out = Path(self.tmp.name) / "report.json"
+        self.duration_s = duration_s
         argv = [PYTHON, str(Path(__file__).resolve()), "--good-client", url, "--rate",
-                str(rate), "--duration", str(duration_s), "--out", str(out)]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60,
-                              preexec_fn=_raise_priority)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"good client failed ({done.returncode}): {done.stderr[-500:]}")
-        report: dict[str, Any] = json.loads(out.read_text())
-    return report
+                str(rate), "--duration", str(duration_s), "--out", str(self.out)]
+        # stderr to a file, not a pipe: nothing reads a pipe until the run ends, and a child
+        # filling one would block
+        self.err = Path(self.tmp.name) / "stderr"
+        with open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(argv + (["--record"] if record else []),
+                                         stdout=subprocess.DEVNULL, stderr=err,
+                                         preexec_fn=_raise_priority)
+
+    def wait_measuring(self, timeout_s: float = 60.0) -> None:
+        marker = measuring_marker(self.out)
+        deadline = time.monotonic() + timeout_s
+        while not marker.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self._fail()
+            time.sleep(0.02)
+
+    def report(self) -> dict[str, Any]:
+        try:
+            self.proc.wait(timeout=self.duration_s + GOOD_WARMUP_S + 60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            if self.proc.returncode != 0 or not self.out.exists():
+                self._fail()
+            report: dict[str, Any] = json.loads(self.out.read_text())
+        finally:
+            self.tmp.cleanup()
+        return report
+
+    def _fail(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        err = self.err.read_text(errors="replace")[-500:]
+        self.tmp.cleanup()
+        raise RuntimeError(f"good client failed ({self.proc.returncode}): {err}")
+
+
+def measuring_marker(out: Path) -> Path:
+    """The file a good client (:func:`openloop`) creates once its measured window begins."""
+    return out.with_suffix(".measuring")
+
+
+def good_client(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+    """One :class:`GoodClient` run from start to end: its report."""
+    return GoodClient(url, rate, duration_s).report()
 
 
 BUILD_UP_S = 2.0
@@ -174,17 +230,15 @@ SETTLE_S = 2.0
 sockets as they stop, and the server its side of them."""
 
 
-def _brief(report: dict[str, Any]) -> str:
-    """One log line of a good-client window: latency percentiles, codes and the server's
-    view (its own p99 of admitted requests, a histogram bucket's upper edge; batches, model
-    time, event-loop lag)."""
-    server = report.get("server") or {}
+def _server_brief(server: dict[str, Any] | None) -> str:
+    """The server's view of a stretch of time in one log line: its own p99 of admitted requests
+    (a histogram bucket's upper edge), model time per batch, batch rows, event-loop lag."""
+    if not server:
+        return "view unavailable"
     rows = server.get("batch_rows", {}).get("mean")
-    return (f"latency ms {report['latency_ms']}, codes {report['codes']}, server: p99 ms within "
-            f"{server.get('request_p99_ms')}, model ms per "
-            f"batch {server.get('model_ms_per_batch')}, batch rows {rows}, "
-            f"event-loop lag ms {server.get('event_loop_lag_ms')}"
-            + ("" if report["valid"] else f", generator invalid: {report['invalid']}"))
+    return (f"p99 ms within {server.get('request_p99_ms')}, model ms per batch "
+            f"{server.get('model_ms_per_batch')}, batch rows {rows}, event-loop lag ms "
+            f"{server.get('event_loop_lag_ms')}")
 
 
 GOOD_WARMUP_S = 1.0
@@ -193,22 +247,30 @@ GOOD_TIMEOUT_S = 5.0
 """A good request unanswered after this many seconds counts as ``timeout`` (unanswered)."""
 
 
-def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+def openloop(url: str, rate: float, duration_s: float, record: bool = False,
+             measuring: Path | None = None) -> dict[str, Any]:
     """The good client: one digits row per v2 request, Poisson arrivals at ``rate`` req/s for
     ``GOOD_WARMUP_S`` + ``duration_s`` s, sent by the project's load generator
     (:func:`tailguard_operator.loadgen.run_load`, open loop: keep-alive connections, at most
-    256 open, latency from each request's scheduled time).
+    256 open, latency from each request's scheduled time). ``measuring``: a file created when
+    the measured window begins.
 
     Returns the generator's :meth:`~tailguard_operator.loadplan.LoadResult.as_dict` for the
     measured window plus ``codes`` (answers by status; ``timeout``/``connection``: no answer
-    within ``GOOD_TIMEOUT_S`` or a dropped connection) and ``p50Ms``/``p99Ms`` of the 200s. Its
-    ``valid``/``invalid`` carry the generator's verdict (p99 schedule lag over 1 ms or more than
-    90% of a core: the latencies are partly the generator's own).
+    within ``GOOD_TIMEOUT_S`` or a dropped connection), ``p50Ms``/``p99Ms`` of the 200s and
+    ``latencies_s`` (every 200's). Its ``valid``/``invalid`` carry the generator's verdict (p99
+    schedule lag over 1 ms or more than 90% of a core: the latencies are partly the
+    generator's own). With ``record``, also ``requests``: every request of the window as
+    ``scheduled`` (Unix s), ``latency_s`` (None unless answered 200) and ``code`` lists.
     """
-    from tailguard_operator.loadgen import Target, run_load, run_sync
+    from tailguard_operator.loadgen import Progress, Target, run_load, run_sync
     from tailguard_operator.loadplan import Bounds, OpenLoop
 
     from tailguard_runtime.models import load_dataset
+
+    def progress(now: Progress) -> None:
+        if measuring is not None and now.phase == "measure" and not measuring.exists():
+            measuring.touch()
 
     x, _ = load_dataset("digits")
     host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
@@ -217,7 +279,7 @@ def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
     target = Target(host, int(port), "/v2/models/digits/infer", bodies)
     result = run_sync(run_load(target, OpenLoop(rate), Bounds(
         duration_s=duration_s, warmup_s=GOOD_WARMUP_S, timeout_s=GOOD_TIMEOUT_S,
-        max_connections=256)))
+        max_connections=256), on_progress=progress, record=record))
     out: dict[str, Any] = result.as_dict()
     codes = {**result.http_errors, **result.transport_errors}
     if result.ok:
@@ -226,59 +288,87 @@ def openloop(url: str, rate: float, duration_s: float) -> dict[str, Any]:
         codes["429"] = result.rejected_429
     out.update(codes=codes, p50Ms=result.latency_ms["p50"], p99Ms=result.latency_ms["p99"],
                latencies_s=[round(v, 6) for v in result.latencies_s.tolist()])
+    if result.records is not None:
+        out["requests"] = {
+            "scheduled": [r["scheduled"] for r in result.records],
+            "latency_s": [round(r["done"] - r["sent"], 6) if r["status"] == 200 else None
+                          for r in result.records],
+            "code": [str(r["status"]) if r["status"] else r["error"] for r in result.records]}
     return out
 
 
-def pooled(windows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The good client's windows of one condition (:func:`openloop` reports) as one run:
-    answers by code summed, latency percentiles (ms) over every 200 answer of every window, the
-    generator's verdicts joined (``invalid``: any window's makes the run's), each window's p99,
-    and the windows' own reports, less their latencies, in ``windows``."""
+def by_phase(requests: dict[str, list[Any]], phases: Sequence[tuple[str, float, float]]
+             ) -> dict[str, dict[str, Any]]:
+    """The good client's requests (:func:`openloop`'s ``requests``) split by the phase their
+    scheduled time fell in. ``phases``: ``(condition, start, end)``, Unix s; a request
+    scheduled in none (a build-up or settling stretch) is left out.
+
+    Returns, per condition: ``latency_ms`` (percentiles over every 200 of its phases pooled),
+    ``p50Ms``, ``p99Ms``, ``codes`` (answers by status, summed), ``phase_p99_ms`` (each phase's
+    own p99, in order) and ``phase_requests`` (each phase's count)."""
     from tailguard_operator.loadplan import percentiles_ms
 
-    codes: collections.Counter[str] = collections.Counter()
-    for window in windows:
-        codes.update(window["codes"])
-    ms = percentiles_ms([v for window in windows for v in window["latencies_s"]])
-    return {"latency_ms": ms, "p50Ms": ms["p50"], "p99Ms": ms["p99"], "codes": dict(codes),
-            "invalid": [f"window {i + 1}: {why}" for i, window in enumerate(windows)
-                        for why in window["invalid"]],
-            "window_p99_ms": [window["p99Ms"] for window in windows],
-            "windows": [{k: v for k, v in window.items() if k != "latencies_s"}
-                        for window in windows]}
+    scheduled = requests["scheduled"]
+    out: dict[str, dict[str, Any]] = {}
+    for condition in dict.fromkeys(c for c, _, _ in phases):
+        pooled: list[float] = []
+        codes: collections.Counter[str] = collections.Counter()
+        p99s, counts = [], []
+        for _, start, end in (p for p in phases if p[0] == condition):
+            lo, hi = bisect.bisect_left(scheduled, start), bisect.bisect_left(scheduled, end)
+            latencies = [v for v in requests["latency_s"][lo:hi] if v is not None]
+            codes.update(requests["code"][lo:hi])
+            p99s.append(percentiles_ms(latencies)["p99"])
+            counts.append(hi - lo)
+            pooled += latencies
+        ms = percentiles_ms(pooled)
+        out[condition] = {"latency_ms": ms, "p50Ms": ms["p50"], "p99Ms": ms["p99"],
+                          "codes": dict(codes), "phase_p99_ms": p99s, "phase_requests": counts}
+    return out
 
 
-CALIBRATE_TRIES = 2
-"""Runs at one calibration rate while the generator judges its own run invalid, or the run
-misses the SLO."""
+CALIBRATE_TRIES = 3
+"""Runs at most at one calibration rate (see :func:`calibrate`)."""
+CLEAR_SHARE = 0.25
+"""A valid calibration run with only 200s and a p99 under this share of the SLO meets its rate
+on its own: far enough from the SLO that a second run would not change the verdict."""
 
 
 def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -> float:
-    """The highest of ``rates`` (req/s) served with p99 within ``slo_ms`` and only 200s, by a
-    run the generator judged valid (the first rate when none is). A rate is tried again, up to
-    :data:`CALIBRATE_TRIES` runs, after a run that misses or that the generator judged invalid
-    (its own schedule lag or CPU: the client's fault, not the server's); it passes with one
-    valid run that meets the SLO, and ends the calibration when every valid run missed (until
-    2026-12-02 16:52 UTC, one missed run did: a slow spell of a few seconds at 200 req/s once
-    set the good rate to 50). A rate that stays invalid proves nothing either way and is passed
-    over (until 2026-12-02 it ended the calibration)."""
+    """The highest of ``rates`` (req/s) served with p99 within ``slo_ms`` and only 200s, below
+    the first rate that is not (the first rate when none is).
+
+    A rate is run until two runs that the generator judged valid agree, at most
+    :data:`CALIBRATE_TRIES` times (one run when it is clear, :data:`CLEAR_SHARE`), and is met
+    when more of its valid runs met the SLO than missed it. A run the generator judged invalid
+    (its own schedule lag or CPU: the client's fault, not the server's) counts for neither; a
+    rate with no valid run proves nothing either way and is passed over. History: until
+    2026-12-02 16:52 UTC one missed run ended the calibration, so a slow spell of a few seconds
+    at 200 req/s once set the good rate to 50; from then until 2026-12-03 a rate was met by the
+    better of two runs, so one lucky run at 8,000 req/s (p99 143.6 ms, then 42.4 ms) set a good
+    rate of 4,000 req/s, which the server then served alone at p99 7.6-93.7 ms."""
     best = rates[0]
     for rate in rates:
-        valid = met = False
+        met = missed = 0
         for _ in range(CALIBRATE_TRIES):
             report = good_client(url, rate, seconds)
             log(f"calibrate {rate:.0f} req/s: p99 {report['p99Ms']} ms, codes {report['codes']}"
                 + ("" if report["valid"] else f", generator invalid: {report['invalid']}"))
-            valid = valid or report["valid"]
-            met = report["valid"] and set(report["codes"]) == {"200"} \
-                and (report["p99Ms"] or 1e9) <= slo_ms
-            if met:
+            if not report["valid"]:
+                continue
+            all_200 = set(report["codes"]) == {"200"}
+            p99 = report["p99Ms"] or 1e9
+            if all_200 and p99 <= slo_ms:
+                met += 1
+            else:
+                missed += 1
+            if met == 2 or missed == 2 or (all_200 and p99 < CLEAR_SHARE * slo_ms and not missed):
                 break
-        if not valid:
+        if met + missed == 0:
             log(f"calibrate {rate:.0f} req/s: inconclusive (the generator's own fault), "
                 "passed over")
             continue
-        if not met:
+        if met <= missed:
             break
         best = rate
     return best
@@ -580,6 +670,11 @@ class Watch:
 # -- before/after at 64 clients -------------------------------------------------------------------
 
 
+BEFORE_ISSUE_9 = "737b294"
+"""main just before the first fix of issue 9 was merged: what "no fix may cost more than 5% of
+the README's req/s at 64 clients" compares with."""
+
+
 def export_before(ref: str, into: Path) -> Path:
     """``runtime/tailguard_runtime`` at git ``ref``, exported into ``into``; its parent dir."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "runtime/tailguard_runtime"],
@@ -600,6 +695,12 @@ def loadgen(url: str, clients: int, duration_s: float, warmup_s: float) -> dict[
 
 
 def before_after(workdir: Path, before_ref: str, rounds: int, seconds: float) -> dict[str, Any]:
+    """req/s at 64 clients of the runtime at git ``before_ref`` and of this tree, ``rounds``
+    rounds of one ``seconds`` run each, in turn (ABBA...), both servers up throughout.
+
+    ``ratio`` is the median over rounds of after/before within a round: the two runs of a round
+    are adjacent in time, so a slower spell of the machine falls on both more often than on the
+    medians of either side taken apart (until 2026-12-03 the ratio was of those medians)."""
     sys.path.insert(0, str(BENCH))
     from refmodel import write_model
 
@@ -620,10 +721,105 @@ def before_after(workdir: Path, before_ref: str, rounds: int, seconds: float) ->
                 if report["invalid"]:
                     invalid.append(f"{name} round {i + 1}: {'; '.join(report['invalid'])}")
                 log(f"64 clients {name}: {report['req_per_s']:.0f} req/s p99 {report['p99_ms']:.1f} ms")
-    before, after = statistics.median(results["before"]), statistics.median(results["after"])
+    ratios = [a / b for a, b in zip(results["after"], results["before"])]
     return {"before_req_s": results["before"], "after_req_s": results["after"],
-            "median_before": before, "median_after": after, "ratio": round(after / before, 3),
-            "generator_invalid": invalid}
+            "median_before": statistics.median(results["before"]),
+            "median_after": statistics.median(results["after"]),
+            "round_ratios": [round(r, 3) for r in ratios],
+            "ratio": round(statistics.median(ratios), 3), "generator_invalid": invalid}
+
+
+PHASE_MARGIN_S = 10.0
+"""Seconds the good client's window runs past the phases' planned end: room for the server
+snapshots and for the hostile threads to finish their last request."""
+
+
+def server_snapshot(url: str) -> Any:
+    """The server's ``/metrics`` now (:func:`tailguard_operator.promview.scrape`; None when
+    unreadable)."""
+    from tailguard_operator.promview import scrape
+
+    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    return asyncio.run(scrape(host, int(port), "/metrics"))
+
+
+def phased(pid: int, url: str, rate: float, phase_s: float, rounds: int, kinds: Sequence[str],
+           padded_sndbuf: int, sched: str) -> dict[str, Any]:
+    """One good client at ``rate`` req/s all through ``rounds`` rounds of a phase alone and a
+    phase beside the hostile mix (``phase_s`` s each), the server (``pid``) watched all along.
+
+    Before each phase beside the mix, :data:`BUILD_UP_S` for the mix to build up; after it,
+    :data:`SETTLE_S` for the sockets it left to close. Requests scheduled in those stretches
+    are left out of the latency comparison (:func:`by_phase`) but not out of the answers.
+
+    Returns report entries: ``alone`` and ``hostile`` (:func:`by_phase`), ``good_client``
+    (the whole run's report, less its per-request lists), ``phases`` (condition, Unix start and
+    end, the server's view), ``hostile_counts``, ``rss_max_mib``, ``health_max_s`` and
+    ``health_failures``.
+
+    Raises:
+        RuntimeError: the good client failed, or its window ended before the last phase.
+    """
+    from tailguard_operator.promview import server_view
+
+    total_s = rounds * (2 * phase_s + BUILD_UP_S + SETTLE_S) + PHASE_MARGIN_S
+    client = GoodClient(url, rate, total_s, record=True)
+    client.wait_measuring()
+    window_end = time.time() + total_s - 0.5  # the marker appears just after the start
+    watch = Watch(pid, url, total_s)
+    watch.start()
+    phases: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+    try:
+        for i in range(rounds):
+            for condition in ("alone", "beside"):
+                log(f"round {i + 1}/{rounds}: {'alone' if condition == 'alone' else 'beside the hostile mix'}, "
+                    f"good client at {rate:.0f} req/s, {phase_s:.0f} s")
+                hostile = None
+                if condition == "beside":
+                    hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64, kinds, padded_sndbuf,
+                                      sched)
+                    hostile.start()
+                    time.sleep(BUILD_UP_S)
+                try:
+                    before, start = server_snapshot(url), time.time()
+                    time.sleep(phase_s)
+                    end, after = time.time(), server_snapshot(url)
+                finally:
+                    if hostile is not None:
+                        hostile.stop()
+                view = server_view(before, after) if before and after else None
+                phases.append({"condition": condition, "start": start, "end": end,
+                               "server": view})
+                log(f"{condition}: server {_server_brief(view)}")
+                if hostile is not None:
+                    for key, n in hostile.counts.items():
+                        counts[key] = counts.get(key, 0) + n
+                    if hostile.counts.get("sched_idle_refused"):
+                        log("warning: SCHED_IDLE refused for "
+                            f"{hostile.counts['sched_idle_refused']} hostile thread(s); they "
+                            "ran under the normal policy")
+                    time.sleep(SETTLE_S)
+    finally:
+        good = client.report()
+        watch.stop()
+    if phases and phases[-1]["end"] > window_end:
+        raise RuntimeError("the good client's window ended before the last phase; "
+                           "raise PHASE_MARGIN_S")
+    split = by_phase(good.pop("requests"), [(p["condition"], p["start"], p["end"])
+                                            for p in phases])
+    del good["latencies_s"]
+    for condition, run in split.items():
+        log(f"{condition}: p99 {run['p99Ms']} ms over the phases pooled (phases: "
+            f"{run['phase_p99_ms']} ms), codes {run['codes']}")
+    log(f"good client, whole run: codes {good['codes']}, schedule lag ms "
+        f"{good['schedule_lag_ms']}, generator CPU {good['generator_cpu']}"
+        + ("" if good["valid"] else f", generator invalid: {good['invalid']}"))
+    return {"alone": split["alone"], "hostile": split["beside"], "good_client": good,
+            "phases": phases, "hostile_counts": counts,
+            "rss_max_mib": round(max(watch.rss_mib, default=0.0), 1),
+            "health_max_s": round(max(watch.probe_s, default=0.0), 3),
+            "health_failures": watch.probe_failures}
 
 
 def load_average() -> str:
@@ -634,18 +830,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=60.0,
                         help="seconds of the good client alone, and as many beside the hostile "
-                             "mix, over all rounds")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="windows alone and beside the mix, taken in turn (default 3)")
+                             "mix, over all rounds (default 60)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="phases alone and beside the mix, taken in turn (default 6)")
     parser.add_argument("--rates", default="100,200,400,700,1000,1400,2000,2800,4000,5600,8000",
                         help="calibration rates, req/s, rising: the service rate is the "
                              "highest met before the first that misses the SLO")
-    parser.add_argument("--calibrate-seconds", type=float, default=4.0)
-    parser.add_argument("--ab-rounds", type=int, default=3,
-                        help="before/after pairs at 64 clients (0: skip)")
-    parser.add_argument("--ab-seconds", type=float, default=6.0)
-    parser.add_argument("--before", default="main", help="git ref of the runtime before the change under test (main "
-                        "just before issue 9 was merged: 737b294)")
+    parser.add_argument("--calibrate-seconds", type=float, default=4.0,
+                        help="seconds of each calibration run (default 4)")
+    parser.add_argument("--ab-rounds", type=int, default=5,
+                        help="before/after pairs at 64 clients (0: skip; default 5)")
+    parser.add_argument("--ab-seconds", type=float, default=6.0,
+                        help="seconds of each run at 64 clients (default 6)")
+    parser.add_argument("--before", default=BEFORE_ISSUE_9,
+                        help="git ref of the runtime to compare req/s at 64 clients with "
+                             f"(default {BEFORE_ISSUE_9}: main just before issue 9 was merged; "
+                             "main: the last commit, to measure a change not yet committed)")
     parser.add_argument("--hostile", default=",".join(Hostile.KINDS),
                         help="which parts of the hostile mix run (comma-separated; default all)")
     parser.add_argument("--hard-fd-limit", action="store_true",
@@ -660,12 +860,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
         print(json.dumps(prober(int(args.probe.rsplit(":", 1)[1]), args.duration)))
         return 0
     if args.good_client:
-        Path(args.out).write_text(json.dumps(openloop(args.good_client, args.rate, args.duration)))
+        out = Path(args.out)
+        out.write_text(json.dumps(openloop(args.good_client, args.rate, args.duration,
+                                           args.record, measuring_marker(out))))
         return 0
     if args.rounds < 1:
         raise SystemExit("soak: --rounds must be at least 1")
@@ -675,6 +878,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(kinds) - set(Hostile.KINDS):
         raise SystemExit(f"soak: unknown --hostile {sorted(unknown)}; "
                          f"choose from {','.join(Hostile.KINDS)}")
+    if args.ab_rounds and subprocess.run(
+            ["git", "-C", str(REPO), "cat-file", "-e", f"{args.before}^{{commit}}"],
+            capture_output=True).returncode != 0:
+        raise SystemExit(f"soak: --before {args.before} is not a commit of this clone (a "
+                         "shallow clone?): fetch its history, or pass --before main or "
+                         "--ab-rounds 0")
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         raise SystemExit("soak: needs taskset and 2 cores")
     global HARD_FD_LIMIT
@@ -693,65 +902,20 @@ def main(argv: list[str] | None = None) -> int:
             good_rate = service / 2
             report.update(service_rate_at_slo=service, good_rate=good_rate,
                           padded_sndbuf=args.padded_sndbuf, hostile_sched=args.hostile_sched)
-            window_s = args.duration / args.rounds
-            alone_windows: list[dict[str, Any]] = []
-            beside_windows: list[dict[str, Any]] = []
-            counts: dict[str, int] = {}
-            rss: list[float] = []
-            probes: list[float] = []
-            probe_failures: list[str] = []
-            for i in range(args.rounds):
-                # alone first in odd rounds, beside the mix first in even ones (ABBA...), so
-                # neither side always follows the other or comes first
-                for condition in ("alone", "beside")[::1 if i % 2 == 0 else -1]:
-                    log(f"round {i + 1}/{args.rounds}: good client at {good_rate:.0f} req/s "
-                        f"{'alone' if condition == 'alone' else 'beside the hostile mix'}, "
-                        f"{window_s:.0f} s")
-                    if condition == "alone":
-                        alone_windows.append(good_client(url, good_rate, window_s))
-                        log(f"alone: {_brief(alone_windows[-1])}")
-                        continue
-                    hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64, kinds,
-                                      args.padded_sndbuf, args.hostile_sched)
-                    # the prober covers the build-up, the good client's warm-up and start-up
-                    watch = Watch(proc.pid, url, BUILD_UP_S + GOOD_WARMUP_S + window_s + 3.0)
-                    watch.start()
-                    hostile.start()
-                    time.sleep(BUILD_UP_S)
-                    try:
-                        beside_windows.append(good_client(url, good_rate, window_s))
-                    finally:
-                        hostile.stop()
-                        watch.stop()
-                    log(f"beside the mix: {_brief(beside_windows[-1])}")
-                    for key, n in hostile.counts.items():
-                        counts[key] = counts.get(key, 0) + n
-                    if hostile.counts.get("sched_idle_refused"):
-                        log("warning: SCHED_IDLE refused for "
-                            f"{hostile.counts['sched_idle_refused']} hostile thread(s); they "
-                            "ran under the normal policy")
-                    rss += watch.rss_mib
-                    probes += watch.probe_s
-                    probe_failures += watch.probe_failures
-                    time.sleep(SETTLE_S)
-            report["alone"], report["hostile"] = pooled(alone_windows), pooled(beside_windows)
-            report["hostile_counts"] = counts
-            report["rss_max_mib"] = round(max(rss, default=0.0), 1)
-            report["health_max_s"] = round(max(probes, default=0.0), 3)
-            report["health_failures"] = probe_failures
-            log(f"p99 alone {report['alone']['p99Ms']} ms (windows "
-                f"{report['alone']['window_p99_ms']}), beside the mix "
-                f"{report['hostile']['p99Ms']} ms (windows {report['hostile']['window_p99_ms']})")
+            phase_s = args.duration / args.rounds
+            report.update(phase_s=phase_s, **phased(proc.pid, url, good_rate, phase_s,
+                                                    args.rounds, kinds, args.padded_sndbuf,
+                                                    args.hostile_sched))
         if args.ab_rounds:
             report["req_s_64_clients"] = before_after(workdir, args.before, args.ab_rounds,
                                                       args.ab_seconds)
     report["load_average_end"] = load_average()
     alone, beside = report["alone"], report["hostile"]
-    unanswered = sum(n for run in (alone, beside) for code, n in run["codes"].items()
+    # every request of the run counts here, those of the build-up and settling stretches too
+    unanswered = sum(n for code, n in report["good_client"]["codes"].items()
                      if code not in ("200", "429"))
     # the generator's verdict: when it fired, its latencies are partly its own, not the server's
-    report["generator_invalid"] = {name: report[name]["invalid"] for name in ("alone", "hostile")
-                                   if report[name]["invalid"]}
+    report["generator_invalid"] = report["good_client"]["invalid"]
     checks = {
         "p99 within 2x alone": (beside["p99Ms"] or 1e9) <= 2 * (alone["p99Ms"] or 0),
         "p99 within SLO": (beside["p99Ms"] or 1e9) <= slo_ms,
