@@ -17,10 +17,11 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    before the first that is not. The good rate is half of it.
 3. One good client at that rate through ``--rounds`` rounds of a phase alone and a phase
    beside the hostile mix (``--duration`` seconds of each in all, split evenly; alone first in
-   odd rounds, beside the mix first in even ones), without a pause: its p99 alone and beside the mix are each over every answer of their phases pooled,
-   so a slower spell of the machine falls on both rather than on one. Before each phase beside
-   the mix, 2 s for the mix to build up; after it, 2 s for the sockets it left to close;
-   requests scheduled in those stretches are left out of the comparison.
+   odd rounds, beside the mix first in even ones), without a pause: its p99 alone and beside
+   the mix are each over every answer of their phases pooled, so a slower spell of the machine
+   falls on both rather than on one. Before each phase beside the mix, 2 s for the mix to
+   build up; after it, 2 s for the sockets it left to close; requests scheduled in those
+   stretches are left out of the comparison.
 4. The hostile mix: 5 connections pipelining 13 MB of
    health probes each without reading (4 KiB receive buffer), 2 clients posting 16 KB gzip
    bodies that inflate to 16 MiB, 1 posting 512 rows padded to 16 MiB (64 KiB send buffer,
@@ -33,8 +34,8 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
 5. Unless ``--ab-rounds 0``: req/s at 64 clients (``bench/loadgen.py``, the README's reference
    model and settings: a shell over the same generator, closed loop) of the runtime before
    (``--before`` git ref, exported with ``git archive``; by default main just before issue 9
-   was merged) and after (this tree),
-   alternating ABBA..., same cores; the ratio is the median of each round's after/before.
+   was merged) and after (this tree), alternating ABBA..., same cores; the ratio is the median
+   of each round's after/before.
 
 Prints one JSON report and the pass/fail of each bound: good p99 within twice its p99 alone and
 within the SLO, RSS under 1 GiB, every health probe under 1 s, every good request answered
@@ -364,7 +365,8 @@ def calibrate(url: str, slo_ms: float, rates: Sequence[float], seconds: float) -
                 met += 1
             else:
                 missed += 1
-            if met == 2 or missed == 2 or (all_200 and p99 < CLEAR_SHARE * slo_ms and not missed):
+            clear = all_200 and p99 < CLEAR_SHARE * slo_ms and not missed
+            if met == 2 or missed == 2 or clear:
                 break
         if met + missed == 0:
             log(f"calibrate {rate:.0f} req/s: inconclusive (the generator's own fault), "
