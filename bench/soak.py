@@ -86,6 +86,12 @@ def log(message: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def host_port(url: str) -> tuple[str, int]:
+    """``http://HOST:PORT`` split into its host and port."""
+    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -276,10 +282,10 @@ def openloop(url: str, rate: float, duration_s: float, record: bool = False,
             measuring.touch()
 
     x, _ = load_dataset("digits")
-    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    host, port = host_port(url)
     bodies = tuple(json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP64",
                                            "data": row.tolist()}]}).encode() for row in x[:256])
-    target = Target(host, int(port), "/v2/models/digits/infer", bodies)
+    target = Target(host, port, "/v2/models/digits/infer", bodies)
     result = run_sync(run_load(target, OpenLoop(rate), Bounds(
         duration_s=duration_s, warmup_s=GOOD_WARMUP_S, timeout_s=GOOD_TIMEOUT_S,
         max_connections=256), on_progress=progress, record=record))
@@ -743,8 +749,7 @@ def server_snapshot(url: str) -> Any:
     unreadable)."""
     from tailguard_operator.promview import scrape
 
-    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
-    return asyncio.run(scrape(host, int(port), "/metrics"))
+    return asyncio.run(scrape(*host_port(url), "/metrics"))
 
 
 def phased(pid: int, url: str, rate: float, phase_s: float, rounds: int, kinds: Sequence[str],
@@ -766,12 +771,10 @@ def phased(pid: int, url: str, rate: float, phase_s: float, rounds: int, kinds: 
         RuntimeError: the good client failed, its window would end before the next phase, or
             a hostile thread outlived the phase it belonged to.
     """
-    from tailguard_operator.promview import server_view
-
     total_s = rounds * (2 * phase_s + BUILD_UP_S + SETTLE_S + PHASE_MARGIN_S)
     # the prober first: its start-up (a new interpreter on the load core) is over before the
     # good client's first phase
-    watch = Watch(pid, url, total_s + 10.0)
+    watch = Watch(pid, url, total_s + 5.0)
     watch.start()
     client: GoodClient | None = None
     phases: list[dict[str, Any]] = []
@@ -794,7 +797,7 @@ def phased(pid: int, url: str, rate: float, phase_s: float, rounds: int, kinds: 
                     f"{'alone' if condition == 'alone' else 'beside the hostile mix'}, "
                     f"good client at {rate:.0f} req/s, {phase_s:.0f} s")
                 phases.append(_phase(url, condition, phase_s, kinds, padded_sndbuf, sched,
-                                     counts, server_view))
+                                     counts))
     except BaseException:
         # end what was started now, not after the good client's whole window, and collect it
         if client is not None and client.proc.poll() is None:
@@ -828,7 +831,7 @@ def phased(pid: int, url: str, rate: float, phase_s: float, rounds: int, kinds: 
 
 
 def _phase(url: str, condition: str, phase_s: float, kinds: Sequence[str], padded_sndbuf: int,
-           sched: str, counts: dict[str, int], server_view: Any) -> dict[str, Any]:
+           sched: str, counts: dict[str, int]) -> dict[str, Any]:
     """One phase of :func:`phased`: ``condition`` (``alone`` or ``beside``) for ``phase_s``
     s, with the mix's build-up and settling around a phase beside it; the mix's counts are
     added to ``counts``. Returns the phase's condition, Unix start and end, and server view.
@@ -836,9 +839,11 @@ def _phase(url: str, condition: str, phase_s: float, kinds: Sequence[str], padde
     Raises:
         RuntimeError: a hostile thread was still running after the mix was stopped.
     """
+    from tailguard_operator.promview import server_view
+
     hostile = None
     if condition == "beside":
-        hostile = Hostile(url, int(url.rsplit(":", 1)[1]), 64, kinds, padded_sndbuf, sched)
+        hostile = Hostile(url, host_port(url)[1], 64, kinds, padded_sndbuf, sched)
         hostile.start()
         time.sleep(BUILD_UP_S)
     try:
@@ -904,7 +909,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
-        print(json.dumps(prober(int(args.probe.rsplit(":", 1)[1]), args.duration)))
+        print(json.dumps(prober(host_port(args.probe)[1], args.duration)))
         return 0
     if args.good_client:
         out = Path(args.out)
