@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
-from tailguard_runtime import forests  # noqa: E402
-from tailguard_runtime.models import load_dataset  # noqa: E402
+from tailguard_runtime import forests
+from tailguard_runtime.models import load_dataset
 
 BATCHES = (1, 5, 16, 64, 256)
 

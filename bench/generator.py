@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             foreign = ForeignLoad(server.pid)
             load1 = os.getloadavg()[0]
             done = subprocess.run(pinned(
-                [sys.executable, "-m", "tailguard_operator.cli", "bench",
+                [sys.executable, "-m", "tailguard.cli.main", "bench",
                  f"http://127.0.0.1:{port}/v2/models/null", "--rate", f"{rate:g}",
                  "--duration", str(args.duration), "--warmup", str(args.warmup), "--json",
                  "--max-requests", str(int(rate * (args.duration + args.warmup)) + 1)],

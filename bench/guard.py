@@ -2,7 +2,7 @@
 and false rollbacks while idle and under pure overload.
 
 Three phases, each against its own real `tailguard up` process on 127.0.0.1 (started as
-``tailguard bench`` starts one, tailguard_operator.upproc), with open-loop load from `tailguard
+``tailguard bench`` starts one, tailguard.up.child), with open-loop load from `tailguard
 bench` in a separate process (evenly spaced arrivals, one record per request):
 
 1. **rollback** (``--trials`` times): a primary declared 120 ms slow per model call
@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from tailguard_operator.upproc import TAILGUARD, UpProcess, start_up
+from tailguard.up.child import TAILGUARD, UpProcess, start_up
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ rows in each peer's own request format.
 ``N`` clients, each on its own keep-alive connection, send one request (one row of the reference
 model's 20 features), wait for the whole answer, and send the next at once, for a warm-up period
 and then a measured window; it stops by itself when the window ends or ``--max-requests``
-requests have been sent. The generator is :mod:`tailguard_operator.loadgen` (the one behind
+requests have been sent. The generator is :mod:`tailguard.bench.loadgen` (the one behind
 ``tailguard bench``); this script only builds the bodies, since the peers do not all speak the
 Open Inference Protocol v2 (``tailguard bench`` reads v2 metadata; mosec and the plain FastAPI
 app have none), and prints the report in the keys bench/run.py reads:
@@ -16,7 +16,7 @@ app have none), and prints the report in the keys bench/run.py reads:
 ``max_ms``, ``mean_ms``: their latency, first byte written to last byte read; ``errors`` (and
 ``error_kinds``): the window's other outcomes (non-200 statuses, ``timeout``, ``connection``);
 ``client_cpu``: the generator's CPU seconds per wall second of the window; ``invalid``: the
-generator's verdict (:func:`tailguard_operator.loadplan.judge`, empty when the run is valid).
+generator's verdict (:func:`tailguard.bench.plan.judge`, empty when the run is valid).
 Only loopback targets are accepted unless ``--allow-remote`` is given.
 """
 
@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from refmodel import sample_rows  # noqa: E402
-from tailguard_operator.loadgen import Target, run_load, run_sync  # noqa: E402
-from tailguard_operator.loadplan import Bounds, ClosedLoop, LoadResult  # noqa: E402
+from tailguard.bench.loadgen import Target, run_load, run_sync
+from tailguard.bench.plan import Bounds, ClosedLoop, LoadResult
 
 FORMATS = ("v2", "v1", "mosec")
 

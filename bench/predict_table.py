@@ -21,7 +21,7 @@ from typing import Any, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from refmodel import build_model, sample_rows  # noqa: E402
-from tailguard_operator.rawtable import RawRow, markdown, time_calls  # noqa: E402
+from tailguard.tune.rawtable import RawRow, markdown, time_calls
 
 DEFAULT_BATCHES = (1, 8, 32, 64, 128, 512)
 
@@ -29,7 +29,7 @@ DEFAULT_BATCHES = (1, 8, 32, 64, 128, 512)
 def time_predict(model: Any, batch: int, seconds: float = 3.0, min_calls: int = 5,
                  max_calls: int = 5000) -> dict[str, float]:
     """Time ``model.predict`` on ``batch`` rows (shape ``(batch, 20)``) with
-    :func:`tailguard_operator.rawtable.time_calls` (the table ``tailguard tune`` prints).
+    :func:`tailguard.tune.rawtable.time_calls` (the table ``tailguard tune`` prints).
 
     Returns ``{"batch", "calls", "median_ms", "p90_ms", "rows_per_s"}``: the median and 90th
     percentile of one call's wall time in milliseconds, and ``batch / median`` in rows per second.

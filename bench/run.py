@@ -293,8 +293,8 @@ def wait_for_quiet(pgid: int, max_wait_s: float, threshold_cores: float = 0.1) -
 
 def scrape_tailguard(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
     """The runtime's ``/metrics``, parsed and summed over roles
-    (:func:`tailguard_operator.promview.parse_snapshot`); None when unreadable."""
-    from tailguard_operator.promview import parse_snapshot
+    (:func:`tailguard.bench.promview.parse_snapshot`); None when unreadable."""
+    from tailguard.bench.promview import parse_snapshot
 
     try:
         _, text = http_json("GET", base_url + "/metrics", None, 5.0)
@@ -480,7 +480,7 @@ def measure_target(target: Target, workdir: Path, clients: Sequence[int], args: 
                      "foreign_cores": foreign.cores(), "versions": target.versions}
             after = scrape_tailguard(server.base_url) if before is not None else None
             if before is not None and after is not None:
-                from tailguard_operator.promview import server_view
+                from tailguard.bench.promview import server_view
 
                 view = server_view(before, after)  # warm-up included, as before
                 calls, per_call = view["batches"], view["model_ms_per_batch"]["mean"]

@@ -11,7 +11,7 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    descriptors as in the report (the runtime raises it to the hard limit; ``--hard-fd-limit``
    caps that at 1,024 too, so the connection cap of 768 is what holds). This script and its load processes keep to core 1.
 2. Calibrates: the good client (:func:`openloop`: the project's load generator,
-   ``tailguard_operator.loadgen.run_load``, open loop with Poisson arrivals, one digits row per
+   ``tailguard.bench.loadgen.run_load``, open loop with Poisson arrivals, one digits row per
    v2 request) at rising rates; the service's rate at SLO is the highest met (p99 within the
    SLO, every answer 200, in most of the runs the generator judged valid: :func:`calibrate`)
    before the first that is not. The good rate is half of it.
@@ -260,11 +260,11 @@ def openloop(url: str, rate: float, duration_s: float, record: bool = False,
              measuring: Path | None = None) -> dict[str, Any]:
     """The good client: one digits row per v2 request, Poisson arrivals at ``rate`` req/s for
     ``GOOD_WARMUP_S`` + ``duration_s`` s, sent by the project's load generator
-    (:func:`tailguard_operator.loadgen.run_load`, open loop: keep-alive connections, at most
+    (:func:`tailguard.bench.loadgen.run_load`, open loop: keep-alive connections, at most
     256 open, latency from each request's scheduled time). ``measuring``: a file created when
     the measured window begins.
 
-    Returns the generator's :meth:`~tailguard_operator.loadplan.LoadResult.as_dict` for the
+    Returns the generator's :meth:`~tailguard.bench.plan.LoadResult.as_dict` for the
     measured window plus ``codes`` (answers by status; ``timeout``/``connection``: no answer
     within ``GOOD_TIMEOUT_S`` or a dropped connection), ``p50Ms``/``p99Ms`` of the 200s and
     ``latencies_s`` (every 200's). Its ``valid``/``invalid`` carry the generator's verdict (p99
@@ -272,8 +272,8 @@ def openloop(url: str, rate: float, duration_s: float, record: bool = False,
     generator's own). With ``record``, also ``requests``: every request of the window as
     ``scheduled`` (Unix s), ``latency_s`` (None unless answered 200) and ``code`` lists.
     """
-    from tailguard_operator.loadgen import Progress, Target, run_load, run_sync
-    from tailguard_operator.loadplan import Bounds, OpenLoop
+    from tailguard.bench.loadgen import Progress, Target, run_load, run_sync
+    from tailguard.bench.plan import Bounds, OpenLoop
 
     from tailguard_runtime.models import load_dataset
 
@@ -315,7 +315,7 @@ def by_phase(requests: dict[str, list[Any]], phases: Sequence[tuple[str, float, 
     Returns, per condition: ``latency_ms`` (percentiles over every 200 of its phases pooled),
     ``p50Ms``, ``p99Ms``, ``codes`` (answers by status, summed), ``phase_p99_ms`` (each phase's
     own p99, in order) and ``phase_requests`` (each phase's count)."""
-    from tailguard_operator.loadplan import percentiles_ms
+    from tailguard.bench.plan import percentiles_ms
 
     scheduled = requests["scheduled"]
     out: dict[str, dict[str, Any]] = {}
@@ -745,9 +745,9 @@ for the server snapshots and for the hostile threads to finish their last reques
 
 
 def server_snapshot(url: str) -> Any:
-    """The server's ``/metrics`` now (:func:`tailguard_operator.promview.scrape`; None when
+    """The server's ``/metrics`` now (:func:`tailguard.bench.promview.scrape`; None when
     unreadable)."""
-    from tailguard_operator.promview import scrape
+    from tailguard.bench.promview import scrape
 
     return asyncio.run(scrape(*host_port(url), "/metrics"))
 
@@ -839,7 +839,7 @@ def _phase(url: str, condition: str, phase_s: float, kinds: Sequence[str], padde
     Raises:
         RuntimeError: a hostile thread was still running after the mix was stopped.
     """
-    from tailguard_operator.promview import server_view
+    from tailguard.bench.promview import server_view
 
     hostile = None
     if condition == "beside":

@@ -6,7 +6,7 @@
 
 Each ``crds/NAME.yaml`` goes to:
 
-- ``operator/tailguard_operator/crd/NAME.yaml``: package data, read by ``spec.crd()`` in
+- ``operator/tailguard/spec/crd/NAME.yaml``: package data, read by ``spec.crd()`` in
   ``tailguard up``, the operator and its image (which installs only the Python packages);
 - ``charts/tailguard/files/NAME.yaml``: what the chart's ``templates/crd.yaml`` renders.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE_DIR = "crds"
-COPY_DIRS = ("operator/tailguard_operator/crd", "charts/tailguard/files")
+COPY_DIRS = ("operator/tailguard/spec/crd", "charts/tailguard/files")
 
 
 def header(source: str) -> str:

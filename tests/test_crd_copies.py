@@ -3,7 +3,7 @@
 
 The chart and the package once reached ``crds/`` through a chain of symlinks, which a checkout
 without symlink support turns into one-line text files: the chart then renders no CRD and
-``spec.crd()`` reads a path instead of YAML.
+``schema.crd()`` reads a path instead of YAML.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from tailguard_operator import spec
+from tailguard.spec import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "hack" / "copy_crds.py"
-COPIES = ("operator/tailguard_operator/crd", "charts/tailguard/files")
+COPIES = ("operator/tailguard/spec/crd", "charts/tailguard/files")
 
 
 def copy_crds(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +33,7 @@ def test_the_repository_copies_equal_crds() -> None:
     for folder in COPIES:
         copy = ROOT / folder / "inferenceservice.yaml"
         assert not copy.is_symlink() and copy.read_bytes().endswith(source), copy
-    assert yaml.safe_load(source) == spec.crd()
+    assert yaml.safe_load(source) == schema.crd()
 
 
 def test_the_repository_tracks_no_symlink() -> None:

@@ -20,6 +20,6 @@ def test_layering_contracts_hold() -> None:
 
 def test_packages_type_check_strictly() -> None:
     done = subprocess.run([sys.executable, "-m", "mypy", "runtime/tailguard_runtime",
-                           "operator/tailguard_operator"], cwd=ROOT, capture_output=True,
+                           "operator/tailguard"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr

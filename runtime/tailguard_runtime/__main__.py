@@ -2,6 +2,6 @@
 
 import sys
 
-from .server import main
+from tailguard_runtime.main import main
 
 sys.exit(main())

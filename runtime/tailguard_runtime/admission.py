@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import Overloaded, PayloadTooLarge
+from tailguard_runtime.errors import Overloaded, PayloadTooLarge
 
 EWMA_ALPHA = 0.2
 """Weight of the newest batch in the batch-duration average (a common smoothing choice: the

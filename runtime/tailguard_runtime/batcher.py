@@ -33,10 +33,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .admission import DrainEstimate, admit
-from .errors import DeadlineExceeded, Draining, GraceEnded, ModelFailed, TailguardError
-from .rows import (Outputs, Unisolated, concat_outputs, gather_rows, isolation_budget,
-                   predict_isolating, split_outputs)
+from tailguard_runtime.admission import DrainEstimate, admit
+from tailguard_runtime.errors import (DeadlineExceeded, Draining, GraceEnded, ModelFailed,
+                                      TailguardError)
+from tailguard_runtime.rows import (Outputs, Unisolated, concat_outputs, gather_rows,
+                                    isolation_budget, predict_isolating, split_outputs)
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def latest_dispatch(deadline: float, batch_s: float) -> float:
 
 
 Segment = tuple[Request, int, int]
-"""Rows ``[start, stop)`` of one request that go into a batch (see :mod:`.rows`)."""
+"""Rows ``[start, stop)`` of one request that go into a batch (see :mod:`tailguard_runtime.rows`)."""
 
 
 class BatchQueue:

@@ -19,7 +19,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_rollbacks_total`` | counter | SLO guard rollbacks (labels ``model``, ``reason``) |
 | ``tailguard_refusals_delayed_total`` | counter | refusals answered late, past the refusal budget (label ``model``) |
 | ``tailguard_connections_closed_total`` | counter | connections closed to keep the per-connection bounds (labels ``model``, ``reason``) |
-| ``tailguard_event_loop_lag_seconds`` | histogram | how late a timer due on the event loop ran, every 20 ms, a stall's missed samples included (label ``model``; :mod:`.looplag`) |
+| ``tailguard_event_loop_lag_seconds`` | histogram | how late a timer due on the event loop ran, every 20 ms, a stall's missed samples included (label ``model``; :mod:`tailguard_runtime.looplag`) |
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from .looplag import SAMPLE_INTERVAL_S
+from tailguard_runtime.looplag import SAMPLE_INTERVAL_S
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025,
                      0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
@@ -65,13 +65,13 @@ ROLLBACKS = Counter("tailguard_rollbacks",
                     "Automatic rollbacks by the SLO guard, by the breach that caused them.",
                     ("model", "reason"))
 ROLLBACK_REASONS = ("latency", "deadline", "errors")
-"""The breach kinds of :mod:`tailguard_operator.policy`, in the order it reports them."""
+"""The breach kinds of :mod:`tailguard.guard.policy`, in the order it reports them."""
 REFUSALS_DELAYED = Counter("tailguard_refusals_delayed",
                            "Refusals (4xx for the client's own request) answered after the "
                            "refusal delay, past the refusal budget.", ("model",))
 CONNECTIONS_CLOSED = Counter("tailguard_connections_closed",
                              "Connections the server closed to keep its per-connection bounds "
-                             "(tailguard_runtime.connections), by reason.", ("model", "reason"))
+                             "(tailguard_runtime.http.connections), by reason.", ("model", "reason"))
 CONNECTION_CLOSE_REASONS = ("evicted", "refused", "head_timeout", "body_timeout", "send_stall")
 """``evicted``: the longest idle connection, closed for a new one at the connection cap;
 ``refused``: a new one answered 503 at the cap, every connection busy; ``head_timeout``: a

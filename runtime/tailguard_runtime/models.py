@@ -31,8 +31,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
-from . import forests
-from .errors import InvalidInput, ModelLoadError
+from tailguard_runtime import forests
+from tailguard_runtime.errors import InvalidInput, ModelLoadError
 
 logger = logging.getLogger(__name__)
 

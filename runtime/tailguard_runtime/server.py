@@ -7,34 +7,29 @@ gets 503 (never a dropped connection), and only then does uvicorn close the list
 connections. A second SIGINT forces the exit. In a cluster a preStop delay before SIGTERM lets
 the endpoints update first.
 
-``tailguard-runtime --config FILE [--role ROLE]`` is the container entry point; ``tailguard up``
+``tailguard-runtime`` (:mod:`tailguard_runtime.main`) is the container entry point; ``tailguard up``
 calls :func:`serve` in-process.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import json
 import logging
 import os
 import signal
 import socket
-import sys
 from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 
-from .app import build_app
-from .connections import bounded_protocol, raise_fd_limit
-from .errors import ModelLoadError
-from .looplag import LoopLagProbe
-from .metrics import EVENT_LOOP_LAG
-from .service import Runtime, load_runtime
-from .settings import RuntimeSettings
+from tailguard_runtime.http.app import build_app
+from tailguard_runtime.http.connections import bounded_protocol, raise_fd_limit
+from tailguard_runtime.looplag import LoopLagProbe
+from tailguard_runtime.metrics import EVENT_LOOP_LAG
+from tailguard_runtime.service import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -214,60 +209,3 @@ def run(coro: Awaitable[Any]) -> Any:
     except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
         return asyncio.run(coro)  # type: ignore[arg-type]
     return uvloop.run(coro)  # type: ignore[arg-type]
-
-
-def configure_logging(level: str = "INFO") -> None:
-    """Plain ``time level logger message`` lines on stderr."""
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``tailguard-runtime``: serve one InferenceService's model(s) from a runtime config file."""
-    parser = argparse.ArgumentParser(prog="tailguard-runtime", description=main.__doc__)
-    parser.add_argument("--config", required=True, help="runtime config JSON (written by the operator)")
-    parser.add_argument("--role", choices=("primary", "fallback"),
-                        help="serve only this role's model (the cluster runs one role per pod)")
-    parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--no-fast-forests", dest="fast_forests", action="store_false",
-                        help="call scikit-learn's own forest predict_proba (for comparisons)")
-    args = parser.parse_args(argv)
-    configure_logging(args.log_level)
-    limit_threads()
-    try:
-        with open(args.config, encoding="utf-8") as fh:
-            config = json.load(fh)
-        if args.role:
-            config = {**config,
-                      "models": [m for m in config["models"] if m.get("role") == args.role]}
-        settings = dataclasses.replace(RuntimeSettings.from_config(config),
-                                       fast_forests=args.fast_forests)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"tailguard-runtime: bad config {args.config}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
-        return 2
-    try:
-        runtime = load_runtime(settings)
-    except ModelLoadError as exc:
-        print(f"tailguard-runtime: {exc}", file=sys.stderr)
-        return 2
-    try:
-        sock = bind_socket(args.host, args.port)
-    except OSError as exc:
-        print(f"tailguard-runtime: cannot listen on {args.host}:{args.port}: {exc.strerror}",
-              file=sys.stderr)
-        return 2
-    logger.info("serving service=%s on %s", settings.name, base_url(args.host, sock.getsockname()[1]))
-    if args.role:
-        async def follow(_: DrainingServer) -> None:
-            await follow_traffic(runtime, args.config, args.role)
-        run(serve(runtime, sock, on_started=follow))
-    else:
-        run(serve(runtime, sock))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -18,13 +18,13 @@ from functools import partial
 from time import perf_counter
 from typing import Any, Callable
 
-from . import metrics
-from .batcher import Batcher
-from .errors import ModelNotFound
-from .models import Predictor, check_drop_in, load_model
-from .protocol import served_by
-from .settings import RuntimeSettings
-from .stats import WindowStats
+from tailguard_runtime import metrics
+from tailguard_runtime.batcher import Batcher
+from tailguard_runtime.errors import ModelNotFound
+from tailguard_runtime.models import Predictor, check_drop_in, load_model
+from tailguard_runtime.wire import served_by
+from tailguard_runtime.settings import RuntimeSettings
+from tailguard_runtime.stats import WindowStats
 
 logger = logging.getLogger(__name__)
 traffic_logger = logging.getLogger("tailguard_runtime.traffic")

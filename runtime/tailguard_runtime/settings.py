@@ -40,7 +40,7 @@ class BatchingSettings:
 
 @dataclass(frozen=True)
 class ConnectionSettings:
-    """What one client connection may hold (see :mod:`tailguard_runtime.connections`).
+    """What one client connection may hold (see :mod:`tailguard_runtime.http.connections`).
 
     Read from the runtime config's optional ``connections`` block (camelCase keys below); the
     defaults follow common proxy practice (nginx's ``client_header_timeout`` and
@@ -148,7 +148,7 @@ class RuntimeSettings:
     """Per-connection bounds: idle, head and body timeouts, the connection cap, pipelining."""
     control_secret: str | None = None
     """The per-run secret of ``tailguard up``'s control routes (``None``: no control routes,
-    as in a cluster); see :mod:`tailguard_runtime.control`."""
+    as in a cluster); see :mod:`tailguard_runtime.http.control`."""
     fast_forests: bool = True
     """Evaluate random/extra-trees classifiers from their stacked trees (one walk for a small
     batch, tree by tree for a large one) instead of through scikit-learn's per-tree dispatch

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .metrics import LATENCY_BUCKETS_S
+from tailguard_runtime.metrics import LATENCY_BUCKETS_S
 
 CAPACITY = 1 << 18
 """Admitted requests remembered (a ring buffer): 262,144, so a 10 s window is exact up to
@@ -154,7 +154,7 @@ class Totals:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def snapshot(self, queue_row_seconds: float) -> dict[str, Any]:
-        """The totals as a JSON-ready dict (the shape :mod:`tailguard_operator.observe` reads).
+        """The totals as a JSON-ready dict (the shape :mod:`tailguard.guard.observe` reads).
 
         Keys: ``admitted``, ``failed`` and ``refused`` (by reason), ``queueRowSeconds`` (the
         queue depth's integral over time, passed in, in row-seconds), ``calls``,

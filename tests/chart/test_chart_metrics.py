@@ -161,8 +161,9 @@ def test_adapter_rules_read_exported_series_per_pod(adapter_rules: list[dict[str
 
 def test_adapter_serves_the_metric_the_operator_scales_on(
         adapter_rules: list[dict[str, Any]]) -> None:
-    from tailguard_operator import manifests, spec
-    from tailguard_operator.spec import load_file
+    from tailguard.operator import manifests
+    from tailguard.spec import resource
+    from tailguard.spec.resource import load_file
 
     from .support import REPO
 
@@ -173,6 +174,6 @@ def test_adapter_serves_the_metric_the_operator_scales_on(
     pods_metrics = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]
                     if m["type"] == "Pods"]
     assert pods_metrics == [manifests.QUEUE_DEPTH_METRIC] and pods_metrics[0] in served
-    assert spec.KIND == "InferenceService"
+    assert resource.KIND == "InferenceService"
     p99 = [r for r in adapter_rules if r["name"]["as"].endswith("_p99_seconds")]
     assert p99[0]["metricsQuery"].startswith("histogram_quantile(0.99, ")

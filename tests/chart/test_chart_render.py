@@ -193,10 +193,11 @@ def test_no_rule_grants_more_than_the_operator_uses(helm: Helm, name: str) -> No
 
 def test_rbac_covers_every_child_the_operator_builds(helm: Helm) -> None:
     """The kinds manifests.py builds are exactly the children the Role lets it create."""
-    from tailguard_operator import manifests, spec
-    from tailguard_operator.settings import OperatorSettings
+    from tailguard.operator import manifests
+    from tailguard.spec import resource
+    from tailguard.operator.settings import OperatorSettings
 
-    isvc = spec.load_file((REPO / "examples/digits.yaml").read_text(encoding="utf-8"))
+    isvc = resource.load_file((REPO / "examples/digits.yaml").read_text(encoding="utf-8"))
     children = manifests.children(isvc, manifests.Owner("digits", "uid-1"), OperatorSettings(),
                                   active_role="primary")
     built = {(c["apiVersion"].rpartition("/")[0], c["kind"].lower() + "s") for c in children}

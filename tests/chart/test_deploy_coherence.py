@@ -23,10 +23,11 @@ from typing import Any, Mapping
 import pytest
 import yaml
 
-from tailguard_operator import manifests, spec
-from tailguard_operator.settings import OperatorSettings
+from tailguard.operator import manifests
+from tailguard.spec import resource
+from tailguard.operator.settings import OperatorSettings
 from tailguard_runtime.models import load_dataset
-from tailguard_runtime.protocol import decode_v2
+from tailguard_runtime.wire import decode_v2
 
 from .support import (CHART, REPO, Helm, demo_commands, env_of, find_commands, flag_values, one,
                       operator_container, validate_object)
@@ -148,7 +149,7 @@ def test_build_context_holds_what_the_image_copies_and_little_else(image: str) -
                 if line.strip() and not line.startswith("#")]
     build = dockerfile(DOCKERFILES[image])[1][0]
     sources = [src for copy in build.args("COPY") for src in copy.split()[:-1]]
-    assert sorted(sources) == ["README.md", "constraints.txt", "operator/tailguard_operator/",
+    assert sorted(sources) == ["README.md", "constraints.txt", "operator/tailguard/",
                                "pyproject.toml", "runtime/tailguard_runtime/"]
     for source in sources:
         root = REPO / source
@@ -186,9 +187,9 @@ def test_operator_image_entry_point_and_health_port(helm4: Helm) -> None:
 
 def test_entry_points_are_the_distributions_console_scripts() -> None:
     scripts = PYPROJECT["project"]["scripts"]
-    assert scripts == {"tailguard": "tailguard_operator.cli:main",
-                       "tailguard-runtime": "tailguard_runtime.server:main"}
-    proc = subprocess.run([sys.executable, "-c", "import sys; from tailguard_operator.cli import "
+    assert scripts == {"tailguard": "tailguard.cli.main:main",
+                       "tailguard-runtime": "tailguard_runtime.main:main"}
+    proc = subprocess.run([sys.executable, "-c", "import sys; from tailguard.cli.main import "
                            "main; sys.exit(main(['operator', '--help']))"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -208,8 +209,8 @@ def test_runtime_accepts_the_command_the_operator_gives_it(tmp_path: Path) -> No
 
 # --- the operator's manifests ---------------------------------------------------------------
 
-def _digits() -> spec.InferenceService:
-    return spec.load_file((REPO / "examples/digits.yaml").read_text(encoding="utf-8"))
+def _digits() -> resource.InferenceService:
+    return resource.load_file((REPO / "examples/digits.yaml").read_text(encoding="utf-8"))
 
 
 def _runtime_pod(role: str, settings: OperatorSettings) -> Mapping[str, Any]:
@@ -287,7 +288,8 @@ def _operator_kopf_run(helm: Helm, monkeypatch: pytest.MonkeyPatch, values: dict
     pod ``pod``, up to the call of ``kopf.run``; return that call's keyword arguments."""
     import kopf
 
-    from tailguard_operator import cli, kube
+    from tailguard.cli import main
+    from tailguard.operator import kube
 
     env = env_of(operator_container(helm.template(values)))
     for var in CLI_ENV:
@@ -299,7 +301,7 @@ def _operator_kopf_run(helm: Helm, monkeypatch: pytest.MonkeyPatch, values: dict
     monkeypatch.setattr(kopf, "run", lambda *a, **kw: calls.append({"args": a, **kw}))
     # `tailguard operator` checks credentials before kopf starts; there are none here
     monkeypatch.setattr(kube, "connect", lambda **_: None)
-    cli.main(["operator"])
+    main.main(["operator"])
     assert len(calls) == 1 and not calls[0]["args"], calls
     return calls[0]
 
@@ -402,7 +404,7 @@ def test_kind_script_serves_rolls_back_and_asks_the_right_questions(demo: list[l
         assert patch[4:6] == ["inferenceservice", name] and flag_values(patch, "--type") == ["merge"]
         body = json.loads(flag_values(patch, "-p")[0])
         patched = {**example, "spec": {**example["spec"], **body["spec"]}}
-        roles.append(spec.parse(patched).traffic)
+        roles.append(resource.parse(patched).traffic)
     assert roles == ["fallback", "primary"]
     assert [w for w in waits[1:] if "--for=jsonpath={.status.activeModel}=fallback" in w]
 
@@ -420,7 +422,7 @@ def test_kind_script_serves_rolls_back_and_asks_the_right_questions(demo: list[l
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
 def test_examples_run_in_a_cluster_as_they_are(example: str) -> None:
-    isvc = spec.load_file((REPO / "examples" / example).read_text(encoding="utf-8"))
+    isvc = resource.load_file((REPO / "examples" / example).read_text(encoding="utf-8"))
     assert manifests.cluster_problems(isvc) == []
 
 

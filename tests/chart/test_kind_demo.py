@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tailguard_operator import manifests, quantity, spec
-from tailguard_runtime.protocol import decode_v2
+from tailguard.operator import manifests, quantity
+from tailguard.spec import resource
+from tailguard_runtime.wire import decode_v2
 
 from .support import (REPO, Helm, demo_commands, env_of, find_commands, flag_values,
                       operator_container)
@@ -31,7 +32,7 @@ SCRIPT = REPO / "scripts" / "kind-demo.sh"
 DOC = (REPO / "docs" / "kind.md").read_text(encoding="utf-8")
 README = (REPO / "README.md").read_text(encoding="utf-8")
 EXAMPLE_PATH = "examples/digits.yaml"
-EXAMPLE = spec.load_file((REPO / EXAMPLE_PATH).read_text(encoding="utf-8"))
+EXAMPLE = resource.load_file((REPO / EXAMPLE_PATH).read_text(encoding="utf-8"))
 
 EXTERNAL_CHART_REQUESTS: dict[tuple[str, str], tuple[str, str]] = {
     ("metrics-server/metrics-server", "3.13.1"): ("100m", "200Mi"),
@@ -203,7 +204,7 @@ def demo_requests(helm: Helm) -> dict[str, tuple[Fraction, Fraction]]:
     deployments = [o for o in objs if o["kind"] == "Deployment"]
     replicas = deployments[0]["spec"]["replicas"]
     op = operator["resources"]["requests"]
-    example = spec.load_file((REPO / flag_values(find_commands(commands, "kubectl", "apply")[0],
+    example = resource.load_file((REPO / flag_values(find_commands(commands, "kubectl", "apply")[0],
                                                  "-f")[0]).read_text(encoding="utf-8"))
     runtime_pods = len(manifests.ROLES) * example.scaling.max_replicas
     out = {

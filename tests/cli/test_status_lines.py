@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailguard_operator.status import NO_OBSERVED, cluster_lines, live_lines
+from tailguard.cli.status import NO_OBSERVED, cluster_lines, live_lines
 
 CONDITIONS = [{"type": "Ready", "status": "True", "reason": "Serving"},
               {"type": "SLOMet", "status": "Unknown", "reason": "NoGuard",

@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from tailguard_operator.cli import _parser
+from tailguard.cli.main import _parser
 from tailguard_runtime import __version__
 
 from up_harness import ROOT, one_line_failure, run_cli

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tailguard_operator.localstate import find_control_file, state_dir
+from tailguard.up.control import find_control_file, state_dir
 
 from up_harness import IRIS, Up, run_cli, start_up
 

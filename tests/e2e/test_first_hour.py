@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
-from tailguard_operator.localstate import find_control_file
+from tailguard.up.control import find_control_file
 
 from up_harness import IRIS, ROOT, TAILGUARD, WAIT_S, Up, run_cli, start_up
 

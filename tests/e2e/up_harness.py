@@ -1,7 +1,7 @@
 """Helpers for the end-to-end tests: a real `tailguard up` process, and the `tailguard` command.
 
 :func:`start_up` runs ``tailguard up SPEC --port 0`` in the repository root through
-:mod:`tailguard_operator.upproc`, the one way the project starts it (``tailguard bench`` and
+:mod:`tailguard.up.child`, the one way the project starts it (``tailguard bench`` and
 bench/guard.py use it too); :class:`Up` is its ``UpProcess``. :func:`run_cli` runs one
 `tailguard` command to completion. Every process listens on 127.0.0.1 only and is stopped by PID.
 
@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from tailguard_operator.upproc import TAILGUARD, WAIT_S
-from tailguard_operator.upproc import UpProcess as Up
-from tailguard_operator.upproc import start_up as _start_up
+from tailguard.up.child import TAILGUARD, WAIT_S
+from tailguard.up.child import UpProcess as Up
+from tailguard.up.child import start_up as _start_up
 
 __all__ = ["EXAMPLE", "IRIS", "ROOT", "TAILGUARD", "WAIT_S", "Up", "one_line_failure", "run_cli",
            "start_up"]

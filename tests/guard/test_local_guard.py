@@ -11,16 +11,16 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tailguard_operator import spec
-from tailguard_operator.guard import LocalGuard
-from tailguard_operator.local import not_applicable
+from tailguard.spec import resource, schema
+from tailguard.guard.local import LocalGuard
+from tailguard.up.serve import not_applicable
 from tailguard_runtime.errors import ModelLoadError
 from tailguard_runtime.models import load_dataset, load_model
 from tailguard_runtime.service import Runtime, load_runtime
 
 
-def service(**slo: Any) -> spec.InferenceService:
-    return spec.parse({
+def service(**slo: Any) -> resource.InferenceService:
+    return resource.parse({
         "apiVersion": "tailguard.dev/v1alpha1", "kind": "InferenceService",
         "metadata": {"name": "unit"},
         "spec": {"model": {"uri": "builtin://iris/random-forest?trees=5&delayMs=1"},
@@ -37,7 +37,7 @@ class Clock:
         return self.now_s
 
 
-def guarded(isvc: spec.InferenceService) -> tuple[Runtime, LocalGuard, Clock, io.StringIO]:
+def guarded(isvc: resource.InferenceService) -> tuple[Runtime, LocalGuard, Clock, io.StringIO]:
     runtime = load_runtime(isvc.runtime_settings())
     clock, out = Clock(), io.StringIO()
     guard = LocalGuard(runtime, isvc, out, clock=clock, wall=lambda: 1_800_000_000 + clock())
@@ -52,8 +52,8 @@ def traffic(runtime: Runtime, n: int, latency_s: float) -> None:
 
 
 def status_schema() -> dict[str, Any]:
-    schema = spec.object_schema()["properties"]["status"]
-    return spec.forbid_unknown(schema)  # type: ignore[no-any-return]
+    status = schema.object_schema()["properties"]["status"]
+    return schema.forbid_unknown(status)  # type: ignore[no-any-return]
 
 
 def test_the_guard_rolls_back_a_slow_primary_and_its_status_fits_the_crd() -> None:
@@ -99,7 +99,7 @@ def test_a_manual_rollback_is_the_intent_and_the_guard_only_reports() -> None:
 
 
 def test_automatic_false_never_switches() -> None:
-    isvc = spec.parse({
+    isvc = resource.parse({
         "apiVersion": "tailguard.dev/v1alpha1", "kind": "InferenceService",
         "metadata": {"name": "unit"},
         "spec": {**service().spec, "rollback": {"automatic": False}}})
@@ -115,7 +115,7 @@ def test_max_error_rate_is_defaulted_and_bounded() -> None:
     assert service().slo.max_error_rate == 0.01
     assert service(maxErrorRate=0.2).slo.max_error_rate == 0.2
     for bad in (-0.1, 1.5):
-        with pytest.raises(spec.SpecError, match="spec.slo.maxErrorRate"):
+        with pytest.raises(schema.SpecError, match="spec.slo.maxErrorRate"):
             service(maxErrorRate=bad)
 
 
@@ -132,10 +132,10 @@ def test_delay_ms_is_validated_by_the_crd_pattern(uri: str, ok: bool) -> None:
            "spec": {"model": {"uri": uri}, "fallback": {"uri": "builtin://iris/logistic-regression?delayMs=1"},
                     "slo": {"p99LatencyMs": 50}}}
     if ok:
-        spec.parse(obj)
+        resource.parse(obj)
     else:
-        with pytest.raises(spec.SpecError, match="spec.model.uri"):
-            spec.parse(obj)
+        with pytest.raises(schema.SpecError, match="spec.model.uri"):
+            resource.parse(obj)
 
 
 def test_delay_ms_sleeps_in_every_model_call_and_keeps_the_answers() -> None:

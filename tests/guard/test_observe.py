@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard_operator.observe import Counts, Totals, difference, observe, status_observed
-from tailguard_operator.policy import Action, GuardSpec, History, decide
+from tailguard.guard.observe import Counts, Totals, difference, observe, status_observed
+from tailguard.guard.policy import Action, GuardSpec, History, decide
 from tailguard_runtime.stats import Totals as RuntimeTotals
 from tailguard_runtime.stats import WindowStats, latency_bounds_s
 

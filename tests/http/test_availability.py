@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from http_harness import RuntimeServer, batching, error_of, running_runtime, scrape
-from tailguard_runtime.connections import EXPIRE_BATCH
+from tailguard_runtime.http.connections import EXPIRE_BATCH
 from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS
 
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"

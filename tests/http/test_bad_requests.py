@@ -15,7 +15,7 @@ import pytest
 
 from http_harness import (DIGITS_MAX_QUEUE, RuntimeServer, error_of, raw_exchange, v1_body,
                           v2_body, v2_outputs)
-from tailguard_runtime.protocol import max_valid_body_bytes
+from tailguard_runtime.wire import max_valid_body_bytes
 
 V2 = "/v2/models/digits/infer"
 V1 = "/v1/models/digits:predict"

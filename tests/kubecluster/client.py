@@ -1,6 +1,6 @@
 """The plain client the tests act through: dicts in and out, as one identity.
 
-It is deliberately not the operator's own :mod:`tailguard_operator.kube` (the code under test):
+It is deliberately not the operator's own :mod:`tailguard.operator.kube` (the code under test):
 tests act as a person or another controller would, through the official client's transport.
 """
 

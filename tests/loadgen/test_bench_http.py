@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from tailguard_operator.benchview import print_report
-from tailguard_operator.loadgen import Target, run_load, run_sync
-from tailguard_operator.loadplan import Bounds, ClosedLoop, LoadResult, OpenLoop
-from tailguard_operator.upproc import UpProcess, start_up
+from tailguard.cli.view import print_report
+from tailguard.bench.loadgen import Target, run_load, run_sync
+from tailguard.bench.plan import Bounds, ClosedLoop, LoadResult, OpenLoop
+from tailguard.up.child import UpProcess, start_up
 
 ROOT = Path(__file__).resolve().parents[2]
 NULL_SERVER = ROOT / "bench" / "peers" / "null_server.py"
-TAILGUARD = [sys.executable, "-m", "tailguard_operator.cli"]
+TAILGUARD = [sys.executable, "-m", "tailguard.cli.main"]
 ROOM = ["--max-lag-ms", "10000"]  # validity is not what these runs test (see the docstring)
 
 DIGITS = """\

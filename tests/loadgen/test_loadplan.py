@@ -1,4 +1,4 @@
-"""The load test's arithmetic (tailguard_operator.loadplan): schedules, percentiles, the verdict
+"""The load test's arithmetic (tailguard.bench.plan): schedules, percentiles, the verdict
 on a run and on a rate sweep. Pure functions, so no server here; the generator's behaviour over
 real HTTP is in test_bench_http.py."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailguard_operator.loadplan import (ISSUE_AHEAD_S, TICK_MIN_S, Bounds, LoadResult, OpenLoop,
-                                         arrival_offsets, judge, next_tick_in, outcome,
-                                         parse_rates, percentiles_ms, sweep_verdict)
+from tailguard.bench.plan import (Bounds, ISSUE_AHEAD_S, LoadResult, OpenLoop, TICK_MIN_S,
+                                  arrival_offsets, judge, next_tick_in, outcome, parse_rates,
+                                  percentiles_ms, sweep_verdict)
 
 
 def test_poisson_arrivals_have_the_asked_mean_rate_and_stay_inside_the_horizon() -> None:

@@ -1,4 +1,4 @@
-"""The server's view of a load test from two reads of /metrics (tailguard_operator.promview):
+"""The server's view of a load test from two reads of /metrics (tailguard.bench.promview):
 pages written by prometheus_client itself, with the runtime's metric names and labels, summed
 over roles and differenced between the reads."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from tailguard_operator.promview import bucket_quantile, parse_snapshot, server_view
+from tailguard.bench.promview import bucket_quantile, parse_snapshot, server_view
 
 LABELS = ["model", "version", "role"]
 

@@ -16,7 +16,7 @@ from kubecluster.audit import WRITE_VERBS, AuditLog, Write
 from kubecluster.client import Client, wait_for
 from kubecluster.install import Installation
 
-from tailguard_operator import spec
+from tailguard.spec import resource, schema
 
 NAMESPACE = "default"
 CHILD_PLURALS = ("configmaps", "services", "deployments", "horizontalpodautoscalers",
@@ -37,7 +37,7 @@ hide a dead watch."""
 CHILD_SELECTOR = "app.kubernetes.io/managed-by=tailguard-operator"
 
 
-strict = spec.forbid_unknown
+strict = schema.forbid_unknown
 
 
 def example(name: str = "iris", namespace: str = NAMESPACE, **spec_changes: Any) -> dict[str, Any]:
@@ -119,7 +119,7 @@ class Scene:
 
     def status(self, name: str = "iris") -> dict[str, Any]:
         """The stored InferenceService's status (empty when it has none)."""
-        return (self.get(spec.PLURAL, name) or {}).get("status") or {}
+        return (self.get(resource.PLURAL, name) or {}).get("status") or {}
 
     def condition(self, type_: str, name: str = "iris") -> dict[str, Any]:
         """A stored status condition (empty when absent)."""
@@ -154,7 +154,7 @@ class Scene:
     def passes(self, since: int | None = None, name: str = "iris") -> int:
         """Reconcile passes over ``name`` since ``since`` (each begins with a GET of it)."""
         return sum(1 for r in self.requests(since)
-                   if r.verb == "get" and r.resource == spec.PLURAL and r.name == name
+                   if r.verb == "get" and r.resource == resource.PLURAL and r.name == name
                    and not r.subresource)
 
     def settle(self, quiet: float = 1.5, timeout: float = 30.0) -> None:

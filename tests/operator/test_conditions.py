@@ -9,13 +9,15 @@ import jsonschema
 import pytest
 from harness import example, strict
 
-from tailguard_operator import conditions, reconcile, spec
+from tailguard.operator import reconcile
+from tailguard.operator.status import build_status, invalid_status, status_patch
+from tailguard.spec import conditions, resource, schema
 
 T0 = datetime.datetime(2025, 1, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 T1 = T0 + datetime.timedelta(minutes=5)
-ISVC = spec.parse(example("iris"))
+ISVC = resource.parse(example("iris"))
 STATUS_VALIDATOR = jsonschema.Draft202012Validator(
-    strict(spec.object_schema()["properties"]["status"]),
+    strict(schema.object_schema()["properties"]["status"]),
     format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
 
 
@@ -32,7 +34,7 @@ def build(previous: dict[str, Any], primary: int = 1, fallback: int = 1, *,
     plan = reconcile.plan_traffic(intent=intent, current=current,
                                   ready={"primary": primary, "fallback": fallback},
                                   min_replicas=1, max_replicas=5)
-    status: dict[str, Any] = conditions.build_status(
+    status: dict[str, Any] = build_status(
         previous, ISVC, generation=4, plan=plan, deployments=deployments(primary, fallback),
         conflicts=conflicts, now=now)
     return status
@@ -72,10 +74,10 @@ def test_transition_times_move_only_when_the_status_does() -> None:
 
 def test_an_unchanged_status_is_not_written() -> None:
     first = build({})
-    assert conditions.status_patch({}, first) == {"status": first}
+    assert status_patch({}, first) == {"status": first}
     stored = {**first, "observed": {"p99Ms": 3.0}, "kopf": {"progress": {}}}
-    assert conditions.status_patch(stored, build(stored, now=T1)) is None
-    assert conditions.status_patch(stored, build(stored, primary=3, now=T1)) is not None
+    assert status_patch(stored, build(stored, now=T1)) is None
+    assert status_patch(stored, build(stored, primary=3, now=T1)) is not None
 
 
 def test_the_slo_condition_is_kept_as_the_guard_wrote_it() -> None:
@@ -107,7 +109,7 @@ def test_conflicts_and_invalid_specs_make_ready_false() -> None:
     assert (conflicted["status"], conflicted["reason"]) == ("False", "ChildConflict")
     assert "Service/iris" in conflicted["message"]
     previous = build({})
-    invalid = conditions.invalid_status(previous, generation=5, message="spec.x: bad", now=T1)
+    invalid = invalid_status(previous, generation=5, message="spec.x: bad", now=T1)
     assert invalid["observedGeneration"] == 5
     assert invalid["activeModel"] == "primary"
     ready = by_type(invalid)["Ready"]
@@ -115,7 +117,7 @@ def test_conflicts_and_invalid_specs_make_ready_false() -> None:
     assert ready["message"].startswith("spec.x: bad")
     assert not list(STATUS_VALIDATOR.iter_errors(invalid))
     assert not list(STATUS_VALIDATOR.iter_errors(
-        conditions.invalid_status({}, generation=1, message="x" * 40000, now=T0)))
+        invalid_status({}, generation=1, message="x" * 40000, now=T0)))
 
 
 def test_timestamps_need_a_timezone() -> None:

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from harness import EXAMPLES, example
 
-from tailguard_operator import spec
+from tailguard.spec import resource, schema
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = spec.object_schema()
+SCHEMA = schema.object_schema()
 
 
 def nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -29,16 +29,16 @@ def nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[st
 
 
 def test_the_repository_copy_is_the_packaged_one() -> None:
-    assert yaml.safe_load((ROOT / "crds" / "inferenceservice.yaml").read_text()) == spec.crd()
+    assert yaml.safe_load((ROOT / "crds" / "inferenceservice.yaml").read_text()) == schema.crd()
 
 
 def test_the_crd_serves_one_version_with_status_and_a_distinct_short_name() -> None:
-    crd = spec.crd()
-    assert crd["metadata"]["name"] == f"{spec.PLURAL}.{spec.GROUP}"
+    crd = schema.crd()
+    assert crd["metadata"]["name"] == f"{resource.PLURAL}.{resource.GROUP}"
     assert crd["spec"]["scope"] == "Namespaced"
     assert "isvc" not in crd["spec"]["names"]["shortNames"]  # KServe's
     (version,) = crd["spec"]["versions"]
-    assert version["name"] == spec.VERSION and version["served"] and version["storage"]
+    assert version["name"] == resource.VERSION and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
 
 
@@ -60,13 +60,13 @@ def test_object_defaults_are_written_in_full() -> None:
     nested defaults would fill it: a default must already hold every defaulted field."""
     for path, node in nodes(SCHEMA):
         if isinstance(node.get("default"), dict):
-            assert node["default"] == spec.apply_defaults(node, {}), path
+            assert node["default"] == schema.apply_defaults(node, {}), path
             errors = list(jsonschema.Draft202012Validator(node).iter_errors(node["default"]))
             assert not errors, (path, errors)
 
 
 def test_printer_columns_point_at_declared_fields() -> None:
-    (version,) = spec.crd()["spec"]["versions"]
+    (version,) = schema.crd()["spec"]["versions"]
     declared = {p for p, _ in nodes(SCHEMA)}
     for column in version["additionalPrinterColumns"]:
         path = column["jsonPath"].lstrip(".").split("[")[0]
@@ -75,7 +75,7 @@ def test_printer_columns_point_at_declared_fields() -> None:
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_is_accepted(path: Path) -> None:
-    isvc = spec.load_file(path.read_text(), str(path))
+    isvc = resource.load_file(path.read_text(), str(path))
     assert isvc.name == path.stem
 
 
@@ -120,8 +120,8 @@ def test_invalid_specs_are_refused_naming_the_field(case: str) -> None:
     changes, field = INVALID[case]
     body = example("iris", **changes)
     body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
-    with pytest.raises(spec.SpecError) as refused:
-        spec.parse(body)
+    with pytest.raises(schema.SpecError) as refused:
+        resource.parse(body)
     assert any(field in error for error in refused.value.errors), refused.value.errors
 
 
@@ -129,12 +129,12 @@ def test_invalid_specs_are_refused_naming_the_field(case: str) -> None:
 def test_names_that_cannot_name_the_children_are_refused(name: str) -> None:
     body = example("iris")
     body["metadata"]["name"] = name
-    with pytest.raises(spec.SpecError, match="metadata.name"):
-        spec.parse(body)
+    with pytest.raises(schema.SpecError, match="metadata.name"):
+        resource.parse(body)
 
 
 def test_cel_rules_see_the_defaults() -> None:
     """``maxWaitMs`` defaults to 0, below any SLO; ``maxQueueSize`` defaults to 256."""
-    assert spec.parse(example("iris", slo={"p99LatencyMs": 1})).batching.max_wait_ms == 0
-    assert spec.parse(example("iris", batching={"maxBatchSize": 256})).batching.max_batch_size \
+    assert resource.parse(example("iris", slo={"p99LatencyMs": 1})).batching.max_wait_ms == 0
+    assert resource.parse(example("iris", batching={"maxBatchSize": 256})).batching.max_batch_size \
         == 256

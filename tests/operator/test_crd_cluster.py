@@ -17,7 +17,7 @@ from kubecluster.controlplane import ControlPlane
 from kubecluster.install import CRD_NAME, Installation
 from test_crd import INVALID
 
-from tailguard_operator import spec
+from tailguard.spec import schema
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_FIELD = {
@@ -58,7 +58,7 @@ def test_helm_installed_the_crd_and_kubectl_can_take_it_over(
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     stored = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    assert stored == spec.object_schema()  # nothing pruned or rewritten
+    assert stored == schema.object_schema()  # nothing pruned or rewritten
     # The README's other path, for a release with crds.install=false: the same file applied
     # server-side. A dry run: a real one would take the fields from helm's field manager, and
     # the next `helm upgrade` (server-side apply in Helm 4) would conflict with kubectl's.
@@ -90,7 +90,7 @@ def test_absent_blocks_get_every_default_from_the_server(
     assert created["spec"]["rollback"] == {"automatic": True}
     assert created["spec"]["traffic"] == "primary"
     assert created["spec"]["model"]["version"] == "1"
-    local = spec.validate_object(example("iris", namespace=namespace))
+    local = schema.validate_object(example("iris", namespace=namespace))
     assert local["spec"] == created["spec"]  # tailguard up fills in exactly the same
 
 

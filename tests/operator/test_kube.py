@@ -16,7 +16,8 @@ from kubecluster.client import Client
 from kubecluster.controlplane import ControlPlane
 from kubecluster.install import Installation
 
-from tailguard_operator import kube, spec
+from tailguard.operator import kube
+from tailguard.spec import resource
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -44,10 +45,10 @@ def test_reads_and_writes_round_trip(connected: str) -> None:
 
 
 def test_listing_names_one_namespace_or_all(connected: str, admin: Client) -> None:
-    assert kube.list_names(spec.KIND, connected) == []
+    assert kube.list_names(resource.KIND, connected) == []
     admin.create(example(namespace=connected))
-    assert kube.list_names(spec.KIND, connected) == [(connected, "iris")]
-    assert (connected, "iris") in kube.list_names(spec.KIND, None)
+    assert kube.list_names(resource.KIND, connected) == [(connected, "iris")]
+    assert (connected, "iris") in kube.list_names(resource.KIND, None)
 
 
 def test_errors_carry_their_status(connected: str) -> None:
@@ -113,7 +114,7 @@ def test_events_are_best_effort(connected: str, admin: Client,
     assert event["involvedObject"]["uid"] == owner["metadata"]["uid"]
     assert (event["type"], event["message"]) == ("Normal", "made it")
     elsewhere = {**owner, "metadata": {**owner["metadata"], "namespace": "absent"}}
-    with caplog.at_level(logging.WARNING, logger="tailguard_operator.kube"):
+    with caplog.at_level(logging.WARNING, logger="tailguard.operator.kube"):
         kube.post_event(elsewhere, type_="Warning", reason="X", message="y", now=NOW)
     assert "event not recorded" in caplog.text
 
@@ -132,7 +133,7 @@ def test_an_unreachable_server_and_missing_credentials_are_kube_errors(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     kube.connect(kubeconfig=str(path))
     with pytest.raises(kube.KubeError) as unreachable:
-        kube.get(spec.KIND, "default", "iris")
+        kube.get(resource.KIND, "default", "iris")
     assert unreachable.value.reason == "Unreachable"
     with pytest.raises(kube.KubeError, match="no Kubernetes credentials"):
         kube.connect(kubeconfig=str(tmp_path / "absent"))

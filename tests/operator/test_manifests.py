@@ -10,8 +10,9 @@ import kubernetes_validate
 import pytest
 from harness import BEHAVIOR, example
 
-from tailguard_operator import manifests, spec
-from tailguard_operator.settings import OperatorSettings
+from tailguard.operator import manifests
+from tailguard.spec import resource
+from tailguard.operator.settings import OperatorSettings
 from tailguard_runtime.settings import RuntimeSettings
 
 KUBERNETES_VERSIONS = ("1.34.0", "1.37.0")
@@ -33,7 +34,7 @@ SPECS = {
 
 
 def build(name: str, active: str = "primary", **settings: Any) -> list[dict[str, Any]]:
-    isvc = spec.parse(SPECS[name])
+    isvc = resource.parse(SPECS[name])
     owner = manifests.Owner(name=isvc.name, uid=OWNER.uid)
     children: list[dict[str, Any]] = manifests.children(
         isvc, owner, OperatorSettings(**settings), active_role=active)
@@ -102,7 +103,7 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
-    config = json.loads(manifests.config_map(spec.parse(SPECS["digits"]), OWNER, "primary")[
+    config = json.loads(manifests.config_map(resource.parse(SPECS["digits"]), OWNER, "primary")[
         "data"]["runtime.json"])
     assert pod["terminationGracePeriodSeconds"] > pre_stop + config["drainGraceSeconds"]
     assert deployment["spec"]["selector"]["matchLabels"] == {
@@ -115,7 +116,7 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
 
 
 def test_the_runtime_reads_the_config_map_and_a_switch_rolls_no_pods() -> None:
-    isvc = spec.parse(SPECS["files"])
+    isvc = resource.parse(SPECS["files"])
     on_primary = manifests.config_map(isvc, OWNER, "primary")
     on_fallback = manifests.config_map(isvc, OWNER, "fallback")
     config = json.loads(on_primary["data"]["runtime.json"])
@@ -141,20 +142,20 @@ def test_the_runtime_reads_the_config_map_and_a_switch_rolls_no_pods() -> None:
 
 
 def test_each_role_rolls_only_when_what_it_serves_changes() -> None:
-    def sums(isvc: spec.InferenceService) -> dict[str, str]:
+    def sums(isvc: resource.InferenceService) -> dict[str, str]:
         return {role: manifests.config_checksum(isvc, role) for role in manifests.ROLES}
 
-    base = sums(spec.parse(example("iris")))
+    base = sums(resource.parse(example("iris")))
     assert base["primary"] != base["fallback"]
-    batching = sums(spec.parse(example("iris", batching={"maxBatchSize": 8})))
+    batching = sums(resource.parse(example("iris", batching={"maxBatchSize": 8})))
     assert all(batching[role] != base[role] for role in manifests.ROLES)
-    primary = sums(spec.parse(example(
+    primary = sums(resource.parse(example(
         "iris", model={"uri": "builtin://iris/random-forest?trees=7"})))
     assert primary["primary"] != base["primary"] and primary["fallback"] == base["fallback"]
-    fallback = sums(spec.parse(example(
+    fallback = sums(resource.parse(example(
         "iris", fallback={"uri": "builtin://iris/random-forest?trees=3"})))
     assert fallback["fallback"] != base["fallback"] and fallback["primary"] == base["primary"]
-    assert sums(spec.parse(example("iris", traffic="fallback"))) == base
+    assert sums(resource.parse(example("iris", traffic="fallback"))) == base
 
 
 def test_the_service_selects_the_active_role() -> None:
@@ -179,7 +180,7 @@ def test_each_role_autoscales_on_queue_depth_and_cpu() -> None:
         assert hpa["spec"]["behavior"] == BEHAVIOR
     (default_hpa, _) = by_kind(build("defaults"), "HorizontalPodAutoscaler")
     assert "behavior" not in default_hpa["spec"]
-    raised = manifests.autoscaler(spec.parse(SPECS["defaults"]), OWNER, "fallback", 3)
+    raised = manifests.autoscaler(resource.parse(SPECS["defaults"]), OWNER, "fallback", 3)
     assert raised["spec"]["minReplicas"] == 3
 
 
@@ -202,14 +203,14 @@ def test_operator_settings_reach_the_pods() -> None:
 
 
 def test_cluster_problems_name_the_missing_checksum() -> None:
-    assert manifests.cluster_problems(spec.parse(SPECS["files"])) == []
-    bare = spec.parse(example("iris", fallback={"uri": "file:///models/x.joblib"}))
+    assert manifests.cluster_problems(resource.parse(SPECS["files"])) == []
+    bare = resource.parse(example("iris", fallback={"uri": "file:///models/x.joblib"}))
     (problem,) = manifests.cluster_problems(bare)
     assert problem.startswith("spec.fallback.sha256: required")
 
 
 def test_a_bad_role_is_refused() -> None:
-    isvc = spec.parse(SPECS["defaults"])
+    isvc = resource.parse(SPECS["defaults"])
     with pytest.raises(ValueError, match="active_role"):
         manifests.children(isvc, OWNER, OperatorSettings(), active_role="canary")
     with pytest.raises(ValueError, match="role"):
@@ -217,10 +218,10 @@ def test_a_bad_role_is_refused() -> None:
 
 
 def test_urls_and_timings() -> None:
-    isvc = spec.parse(example("iris", batching={"timeoutMs": 30000}))
+    isvc = resource.parse(example("iris", batching={"timeoutMs": 30000}))
     assert manifests.service_url(isvc) == "http://iris.default.svc/v2/models/iris/infer"
     assert manifests.drain_grace_seconds(isvc) == 35
-    assert manifests.drain_grace_seconds(spec.parse(SPECS["defaults"])) == 10
+    assert manifests.drain_grace_seconds(resource.parse(SPECS["defaults"])) == 10
     assert manifests.termination_grace_seconds(isvc, OperatorSettings()) == 5 + 35 + 10
 
 

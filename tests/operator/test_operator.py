@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from harness import BEHAVIOR, RESYNC_SECONDS, Scene, example
 
-from tailguard_operator import manifests, spec
+from tailguard.operator import manifests
+from tailguard.spec import resource
 
 CHILDREN = {
     "configmaps": ["iris-runtime"],
@@ -62,11 +63,11 @@ def test_create_makes_every_child_and_reports_ready_replicas(scene: Scene) -> No
         assert [o["metadata"]["name"] for o in stored] == names
         for obj in stored:
             assert obj["metadata"]["ownerReferences"] == [{
-                "apiVersion": spec.API_VERSION, "kind": spec.KIND, "name": "iris", "uid": uid,
+                "apiVersion": resource.API_VERSION, "kind": resource.KIND, "name": "iris", "uid": uid,
                 "controller": True, "blockOwnerDeletion": True}]
             assert obj["metadata"]["labels"][manifests.LABEL_MANAGED_BY] == "tailguard-operator"
             assert not obj["metadata"].get("finalizers")
-    assert not scene.must_get(spec.PLURAL, "iris")["metadata"].get("finalizers")
+    assert not scene.must_get(resource.PLURAL, "iris")["metadata"].get("finalizers")
     assert scene.selected_role() == "primary"
     status = scene.status()
     assert status["activeModel"] == "primary"
@@ -94,7 +95,7 @@ def test_a_spec_change_patches_exactly_what_changed(scene: Scene) -> None:
     with scene.operator():
         start(scene)
         mark = scene.audit.mark()
-        scene.patch(spec.PLURAL, "iris", {"spec": {"scaling": {"maxReplicas": 7}}})
+        scene.patch(resource.PLURAL, "iris", {"spec": {"scaling": {"maxReplicas": 7}}})
         scene.first_status(generation=2)
         writes = scene.child_writes(mark)
         assert sorted((w.verb, w.resource, w.name) for w in writes) == [
@@ -104,7 +105,7 @@ def test_a_spec_change_patches_exactly_what_changed(scene: Scene) -> None:
 
         before = checksums(scene)
         mark = scene.audit.mark()
-        scene.patch(spec.PLURAL, "iris", {"spec": {"batching": {"maxBatchSize": 8}}})
+        scene.patch(resource.PLURAL, "iris", {"spec": {"batching": {"maxBatchSize": 8}}})
         scene.first_status(generation=3)
         writes = scene.child_writes(mark)
     after = checksums(scene)
@@ -129,7 +130,7 @@ def test_a_new_primary_model_rolls_only_the_primary_pods(scene: Scene) -> None:
         fallback_pods = {p["metadata"]["uid"] for p in scene.list("pods")
                          if p["metadata"]["labels"][manifests.LABEL_ROLE] == "fallback"}
         mark = scene.audit.mark()
-        scene.patch(spec.PLURAL, "iris",
+        scene.patch(resource.PLURAL, "iris",
                     {"spec": {"model": {"uri": "builtin://iris/random-forest?trees=50"}}})
         scene.first_status(generation=2)
         deployment_writes = [w.name for w in scene.child_writes(mark)
@@ -173,7 +174,7 @@ def test_replicas_set_by_the_autoscaler_survive(scene: Scene) -> None:
         scene.ready_deployment("iris-primary", 4)
         scene.settle()
         mark = scene.audit.mark()
-        scene.patch(spec.PLURAL, "iris",
+        scene.patch(resource.PLURAL, "iris",
                     {"spec": {"model": {"uri": "builtin://iris/random-forest?trees=50"}}})
         scene.first_status(generation=2)
         patches = [w for w in scene.child_writes(mark) if w.verb == "patch"]
@@ -199,7 +200,7 @@ def test_labels_and_annotations_added_by_others_survive(scene: Scene) -> None:
         scene.wait(lambda: scene.passes(mark) >= 2, what="passes after the edits")
         scene.settle()
         assert scene.child_writes(mark) == []
-        scene.patch(spec.PLURAL, "iris", {"spec": {"batching": {"maxBatchSize": 16},
+        scene.patch(resource.PLURAL, "iris", {"spec": {"batching": {"maxBatchSize": 16},
                                                    "scaling": {"maxReplicas": 3}}})
         scene.first_status(generation=2)
     for plural, name in touched:
@@ -436,7 +437,7 @@ def test_an_operator_only_refusal_gets_a_condition_not_a_crash_loop(scene: Scene
         assert all(scene.children(plural) == [] for plural in CHILDREN)
         assert [e["type"] for e in scene.events("InvalidSpec")] == ["Warning"]
 
-        scene.patch(spec.PLURAL, "iris", {"spec": {"model": {"sha256": "ab" * 32}}})
+        scene.patch(resource.PLURAL, "iris", {"spec": {"model": {"sha256": "ab" * 32}}})
         scene.wait(lambda: scene.names("deployments") == CHILDREN["deployments"],
                    what="reconciled once fixed")
         scene.settle()
@@ -446,8 +447,8 @@ def test_deleting_needs_no_operator_and_the_garbage_collector_takes_the_children
         scene: Scene) -> None:
     with scene.operator():
         start(scene)
-    scene.delete(spec.PLURAL, "iris")  # the operator is down: no finalizer holds it
-    assert scene.get(spec.PLURAL, "iris") is None
+    scene.delete(resource.PLURAL, "iris")  # the operator is down: no finalizer holds it
+    assert scene.get(resource.PLURAL, "iris") is None
     scene.wait(lambda: all(scene.children(plural) == [] for plural in CHILDREN),
                what="the garbage collector to delete every child", timeout=60)
     scene.wait(lambda: scene.list("pods") == [], what="pods gone", timeout=60)
@@ -465,12 +466,12 @@ def test_a_cluster_wide_operator_serves_every_namespace(scene: Scene) -> None:
         body = example(namespace=other)
         with scene.operator():  # the chart's default: every namespace
             scene.admin.create(body, other)
-            scene.wait(lambda: (scene.admin.get(spec.PLURAL, other, "iris") or {}).get(
+            scene.wait(lambda: (scene.admin.get(resource.PLURAL, other, "iris") or {}).get(
                 "status", {}).get("url"), what="status in the other namespace")
             scene.admin.delete("services", other, "iris")
             scene.wait(lambda: scene.admin.get("services", other, "iris"),
                        what="restored Service")
-        stored = scene.admin.get(spec.PLURAL, other, "iris")
+        stored = scene.admin.get(resource.PLURAL, other, "iris")
         assert stored is not None
         assert stored["status"]["url"] == f"http://iris.{other}.svc/v2/models/iris/infer"
         assert len(scene.admin.list("deployments", other)) == 2
@@ -482,8 +483,8 @@ def test_run_operator_hands_kopf_its_scope(monkeypatch: pytest.MonkeyPatch) -> N
     """``tailguard operator`` is kopf.run with the namespaces, peering and settings given."""
     import kopf
 
-    from tailguard_operator import handlers
-    from tailguard_operator.settings import OperatorSettings
+    from tailguard.operator import handlers
+    from tailguard.operator.settings import OperatorSettings
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard_operator.settings import OperatorSettings
+from tailguard.operator.settings import OperatorSettings
 
 
 def test_defaults_and_overrides() -> None:

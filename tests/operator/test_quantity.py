@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 from kubernetes.utils.quantity import parse_quantity
 
-from tailguard_operator import quantity
+from tailguard.operator import quantity
 
 SAMPLES = ["0", "1", "1000", "1k", "0.5", "500m", "1.5", "1500m", "1024Mi", "1Gi", "256Mi",
            "64Mi", "128974848", "129e6", "129M", "123Mi", "100u", "100n", "2E", "1Ei", "1e3",

@@ -9,14 +9,15 @@ import pytest
 from json_merge_patch import merge as apply_merge_patch
 from harness import BEHAVIOR, example
 
-from tailguard_operator import manifests, reconcile, spec
-from tailguard_operator.settings import OperatorSettings
+from tailguard.operator import manifests, reconcile
+from tailguard.spec import resource
+from tailguard.operator.settings import OperatorSettings
 
 OWNER = manifests.Owner(name="iris", uid="uid-1")
 
 
 def desired(kind: str, **spec_changes: Any) -> dict[str, Any]:
-    isvc = spec.parse(example("iris", **spec_changes))
+    isvc = resource.parse(example("iris", **spec_changes))
     for child in manifests.children(isvc, OWNER, OperatorSettings(), active_role="primary"):
         if child["kind"] == kind:
             return dict(child)
@@ -84,7 +85,7 @@ def test_a_list_is_rewritten_whole_when_it_differs() -> None:
 
 
 def test_the_selector_follows_the_active_role() -> None:
-    isvc = spec.parse(example("iris"))
+    isvc = resource.parse(example("iris"))
     live = stored(manifests.service(isvc, OWNER, "primary"))
     assert reconcile.merge_patch(manifests.service(isvc, OWNER, "fallback"), live) == {
         "spec": {"selector": {"tailguard.dev/role": "fallback"}}}

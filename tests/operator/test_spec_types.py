@@ -1,13 +1,13 @@
 """The CRD schema and the Python types agree: every spec field the CRD declares is read into
-`spec.InferenceService`, and the typed view holds nothing the CRD does not declare."""
+`resource.InferenceService`, and the typed view holds nothing the CRD does not declare."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from tailguard_operator import spec
+from tailguard.spec import resource, schema
 
-Getter = Callable[[spec.InferenceService], Any]
+Getter = Callable[[resource.InferenceService], Any]
 
 FIELDS: dict[str, Getter] = {
     **{f"{role}.{key}": (lambda s, r=role, a=attr: getattr(getattr(s, r), a))
@@ -72,11 +72,11 @@ def _at(doc: dict[str, Any], dotted: str) -> Any:
 
 
 def test_every_crd_spec_field_has_a_typed_home_and_nothing_else_does() -> None:
-    assert _leaves(spec.object_schema()["properties"]["spec"]) == set(FIELDS)
+    assert _leaves(schema.object_schema()["properties"]["spec"]) == set(FIELDS)
 
 
 def test_the_typed_view_carries_every_value_of_the_object() -> None:
-    isvc = spec.parse(FULL)
+    isvc = resource.parse(FULL)
     assert (isvc.name, isvc.namespace) == ("full", "ml")
     for path, getter in FIELDS.items():
         assert getter(isvc) == _at(FULL["spec"], path), path

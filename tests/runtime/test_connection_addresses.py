@@ -16,8 +16,8 @@ import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from tailguard_runtime.connections import bounded_protocol
-from tailguard_runtime.http11 import JsonHttpProtocol
+from tailguard_runtime.http.connections import bounded_protocol
+from tailguard_runtime.http.protocol import JsonHttpProtocol
 from tailguard_runtime.settings import ConnectionSettings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard_runtime.control import is_loopback, parse_switch, refusal
+from tailguard_runtime.http.control import is_loopback, parse_switch, refusal
 from tailguard_runtime.errors import InvalidInput
 
 PORT = 8080

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard_runtime.connections import EventTally
+from tailguard_runtime.http.connections import EventTally
 
 
 def test_the_first_event_is_reported_at_once_and_the_rest_in_one_line_per_interval() -> None:

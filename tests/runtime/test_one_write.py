@@ -15,8 +15,8 @@ import uvicorn
 import uvloop
 from uvicorn.server import ServerState
 
-from tailguard_runtime.connections import bounded_protocol
-from tailguard_runtime.http11 import JsonHttpProtocol, OneWriteResponse
+from tailguard_runtime.http.connections import bounded_protocol
+from tailguard_runtime.http.protocol import JsonHttpProtocol, OneWriteResponse
 from tailguard_runtime.settings import ConnectionSettings
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"

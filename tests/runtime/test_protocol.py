@@ -8,8 +8,8 @@ import pytest
 
 from tailguard_runtime.errors import InvalidInput
 from tailguard_runtime.models import OutputSpec
-from tailguard_runtime.protocol import (decode_v1, decode_v2, encode_v1, encode_v2,
-                                        parse_timeout_header, served_by)
+from tailguard_runtime.wire import (decode_v1, decode_v2, encode_v1, encode_v2,
+                                    parse_timeout_header, served_by)
 
 OUTPUTS = ["predict", "predict_proba"]
 
@@ -108,7 +108,7 @@ def test_compressed_bodies_are_inflated_within_the_limit() -> None:
     import zlib
 
     from tailguard_runtime.errors import PayloadTooLarge
-    from tailguard_runtime.protocol import decompress
+    from tailguard_runtime.wire import decompress
 
     body = b'{"instances": [[1, 2]]}'
     assert decompress(gzip.compress(body), b"gzip", 1024) == body
@@ -129,7 +129,7 @@ def test_a_gzip_trailer_stating_more_than_the_limit_is_refused_before_inflating(
     import zlib
 
     from tailguard_runtime.errors import PayloadTooLarge
-    from tailguard_runtime.protocol import decompress
+    from tailguard_runtime.wire import decompress
 
     bomb = gzip.compress(b" " * 4_000_000)
     with pytest.raises(PayloadTooLarge, match="would be 4000000 bytes .its gzip trailer says"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tailguard_runtime import server
+from tailguard_runtime import main
 
 
 @pytest.mark.parametrize("content, needle", [
@@ -23,7 +23,7 @@ def test_bad_configs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
     path = tmp_path / "runtime.json"
     if content is not None:
         path.write_text(content)
-    assert server.main(["--config", str(path), "--log-level", "ERROR"]) == 2
+    assert main.main(["--config", str(path), "--log-level", "ERROR"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"tailguard-runtime: bad config {path}") and needle in err
     assert "Traceback" not in err
@@ -37,7 +37,7 @@ def test_a_busy_port_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        code = server.main(["--config", str(path), "--host", "127.0.0.1", "--port", str(port),
+        code = main.main(["--config", str(path), "--host", "127.0.0.1", "--port", str(port),
                             "--log-level", "ERROR"])
     assert code == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

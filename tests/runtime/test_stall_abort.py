@@ -14,7 +14,7 @@ import uvloop
 from prometheus_client import REGISTRY
 from uvicorn.server import ServerState
 
-from tailguard_runtime.connections import bounded_protocol
+from tailguard_runtime.http.connections import bounded_protocol
 from tailguard_runtime.settings import ConnectionSettings
 
 BODY = b"x" * (8 * 1024 * 1024)  # far more than the kernel's socket buffers hold

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from tailguard_operator.probes import BODY_BYTES, rows_of, rows_within_body, v2_body
+from tailguard.report.probes import BODY_BYTES, rows_of, rows_within_body, v2_body
 
 
 def test_bodies_stay_under_the_limit_for_any_queue_size() -> None:

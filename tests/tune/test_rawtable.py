@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailguard_operator.rawtable import (BATCH_SIZES, RawRow, batch_of, markdown, raw_table,
-                                         time_calls)
+from tailguard.tune.rawtable import BATCH_SIZES, RawRow, batch_of, markdown, raw_table, time_calls
 from tailguard_runtime.models import load_dataset, load_model
 
 

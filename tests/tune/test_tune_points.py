@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tailguard_operator.loadplan import LoadResult
-from tailguard_operator.rawtable import RawRow
-from tailguard_operator.serving import Unusable, service_rows
-from tailguard_operator.spec import load_file
-from tailguard_operator.tune import SWEEP_START_RPS, point_spec, point_result, sweep_rates
-from tailguard_operator.tunegrid import Policy
+from tailguard.bench.plan import LoadResult
+from tailguard.tune.rawtable import RawRow
+from tailguard.bench.serving import Unusable, service_rows
+from tailguard.spec.resource import load_file
+from tailguard.tune.search import SWEEP_START_RPS, point_result, point_spec, sweep_rates
+from tailguard.tune.grid import Policy
 
 TABLE = [RawRow(1, 9, 1.0, 1.0, 900), RawRow(8, 9, 1.0, 1.0, 420), RawRow(32, 9, 2.0, 2.0, 16_000)]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from tailguard_operator.rawtable import RawRow
-from tailguard_operator.tunegrid import Policy, PointResult
-from tailguard_operator.tuneplot import plot_tune
+from tailguard.tune.rawtable import RawRow
+from tailguard.tune.grid import PointResult, Policy
+from tailguard.tune.plot import plot_tune
 
 TABLE = [RawRow(1, 50, 1.0, 1.2, 1_000), RawRow(8, 40, 1.5, 1.8, 5_300)]
 POINTS = [PointResult(Policy(b, w), rps, 1.0, 2.0, p99, p99 <= 50)
@@ -38,7 +38,7 @@ def test_points_without_answers_are_left_out_of_the_p99_panel(tmp_path: Path) ->
 
 
 def test_the_raw_table_and_sweep_plots_are_pngs(tmp_path: Path) -> None:
-    from tailguard_operator.tuneplot import plot_raw, plot_sweep
+    from tailguard.tune.plot import plot_raw, plot_sweep
 
     raw = plot_raw(tmp_path / "raw.png", {"primary": [r.as_dict() for r in TABLE],
                                           "fallback": [r.as_dict() for r in TABLE]})

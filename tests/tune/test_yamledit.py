@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tailguard_operator.spec import SpecError, load_file
-from tailguard_operator.yamledit import set_batching
+from tailguard.spec.resource import load_file
+from tailguard.spec.schema import SpecError
+from tailguard.spec.yamledit import set_batching
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,1 @@
+"""Leaf helpers that every room may use; they import nothing from ``tailguard``."""

@@ -1,0 +1,409 @@
+"""The kopf handlers: a thin shell around :mod:`tailguard.operator.manifests`, :mod:`tailguard.operator.reconcile` and
+:mod:`tailguard.operator.status`, with :mod:`tailguard.operator.kube` for every read and write.
+
+One function, :func:`reconcile_service`, brings an InferenceService's children and status in
+line with its spec. kopf calls it on create, update and resume of the InferenceService, and on
+every change of a child (the watch on the children restores a child deleted or edited by hand,
+and notices when a role's pods become Ready, which is what a pending traffic switch waits for).
+There is no kopf timer, daemon or delete handler: kopf would add a finalizer for any of them,
+and deleting an InferenceService must work while the operator is down (children go by their
+owner references). A plain task started with the operator, :func:`resync`, lists and
+reconciles every InferenceService in scope every ``resync_seconds`` instead, which repairs what
+a watch missed.
+
+Run it with ``tailguard operator`` (:func:`run_operator`) or ``kopf run -m
+tailguard.operator.handlers``. Handlers return nothing, so kopf stores no results in the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import kopf
+
+from tailguard.operator import kube, manifests, reconcile
+from tailguard.spec import conditions, resource, schema
+from tailguard.operator.memory import KnownServices, SeenChildren, resync_targets
+from tailguard.operator.settings import OperatorSettings
+from tailguard.operator.status import build_status, invalid_status, status_patch
+
+logger = logging.getLogger(__name__)
+
+_CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"),
+             ("autoscaling", "v2", "horizontalpodautoscalers"),
+             ("policy", "v1", "poddisruptionbudgets"))
+
+CHILD_SELECTOR = f"{manifests.LABEL_MANAGED_BY}={manifests.MANAGED_BY}"
+"""The label selector of the child watches, sent to the API server: the operator lists and
+watches only its own ConfigMaps, Services, Deployments, HPAs and PDBs."""
+
+REFUSALS = frozenset({400, 403, 404, 409, 422})
+"""Statuses of a child write that say the request itself was refused (invalid, forbidden,
+exceeded quota, namespace gone): reported in the status. Others (no answer, 429, 5xx) are
+retried as they are."""
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile pass found and did."""
+
+    plan: reconcile.TrafficPlan | None = None
+    """The traffic decision (``None`` when the object is gone or invalid)."""
+    invalid: str | None = None
+    """Why the spec was refused, or ``None``."""
+    created: tuple[str, ...] = ()
+    """``Kind/name`` of the children created."""
+    patched: tuple[str, ...] = ()
+    """``Kind/name`` of the children patched."""
+    conflicts: tuple[str, ...] = ()
+    """``Kind/name`` of children controlled by another owner (left alone)."""
+    refused: tuple[str, ...] = ()
+    """``Kind/name: status reason: message`` of each create or patch the API refused."""
+
+
+def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
+                      now: datetime.datetime | None = None) -> Outcome:
+    """Bring the InferenceService ``namespace/name``'s children and status in line with its
+    spec; one pass at a time per object (calls from several kopf workers wait for each other).
+
+    Reads the object and its children, creates missing children, merge-patches what differs
+    (see :mod:`tailguard.operator.reconcile`), writes the status only if it changed, and records Events on
+    transitions. A missing or terminating object is left alone (``Outcome()``).
+
+    Raises:
+        kube.KubeError: the API refused a read or a write.
+    """
+    with _lock_for(namespace, name):
+        return _reconcile(namespace, name, settings,
+                          now or datetime.datetime.now(datetime.timezone.utc))
+
+
+def _reconcile(namespace: str, name: str, settings: OperatorSettings,
+               now: datetime.datetime) -> Outcome:
+    body = kube.get(resource.KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return Outcome()
+    generation = body["metadata"].get("generation")
+    previous: Mapping[str, Any] = body.get("status") or {}
+    try:
+        isvc = resource.parse(body, default_namespace=namespace)
+        problems = manifests.cluster_problems(isvc)
+        if problems:
+            raise schema.SpecError(problems)
+    except schema.SpecError as exc:
+        _refuse(body, previous, generation, str(exc), now)
+        return Outcome(invalid=str(exc))
+
+    owner = manifests.Owner.from_body(body)
+    live = {_key(obj): kube.get(obj["kind"], namespace, obj["metadata"]["name"])
+            for obj in manifests.children(isvc, owner, settings, active_role="primary")}
+    deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
+                   for role in manifests.ROLES}
+    current = (previous.get("activeModel") or _selected_role(live[("Service", name)])
+               or isvc.traffic)
+    plan = reconcile.plan_traffic(
+        intent=isvc.traffic, current=current,
+        ready={role: reconcile.ready_replicas(d) for role, d in deployments.items()},
+        min_replicas=isvc.scaling.min_replicas, max_replicas=isvc.scaling.max_replicas)
+
+    done: dict[str, list[str]] = {"created": [], "patched": [], "conflict": [], "refused": []}
+    for desired in manifests.children(isvc, owner, settings, active_role=plan.active,
+                                      min_replicas=plan.min_replicas):
+        key = _key(desired)
+        label = "/".join(key)
+        try:
+            action, stored = _apply_child(desired, live[key], owner)
+        except kube.KubeError as exc:
+            if exc.status not in REFUSALS:  # unreachable, throttled, a server error: retry
+                raise
+            done["refused"].append(f"{label}: {exc}")
+            continue
+        if stored is not None:
+            live[key] = stored
+        if action is not None:
+            done[action].append(label)
+    created, patched, conflicts, refused = (done["created"], done["patched"], done["conflict"],
+                                            done["refused"])
+
+    deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
+                   for role in manifests.ROLES}
+    status = build_status(previous, isvc, generation=generation, plan=plan,
+                                     deployments=deployments, conflicts=conflicts,
+                                     refused=refused, now=now)
+    patch = status_patch(previous, status)
+    if patch is not None:
+        kube.patch_status(namespace, name, patch)
+    outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
+                      conflicts=tuple(conflicts), refused=tuple(refused))
+    _announce(body, previous, outcome, now)
+    return outcome
+
+
+def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
+                 owner: manifests.Owner) -> tuple[str | None, dict[str, Any] | None]:
+    """Create or patch one child. Returns what was done (``"created"``, ``"patched"``,
+    ``"conflict"`` when another owner controls it and it was left alone, ``None`` when it
+    already matched) and the object as stored now (``None``: unchanged).
+
+    Raises:
+        kube.KubeError: the API server refused the create or the patch.
+    """
+    kind, name = _key(desired)
+    namespace = desired["metadata"]["namespace"]
+    fresh = None
+    if found is None:
+        try:
+            return "created", kube.create(desired)
+        except kube.Conflict:  # created meanwhile: compare with what is there now
+            found = fresh = kube.get(kind, namespace, name)
+            if found is None:
+                raise
+    if reconcile.controller_uid(found) not in (None, owner.uid):
+        return "conflict", fresh
+    patch = reconcile.merge_patch(desired, found)
+    if patch is None:
+        return None, fresh
+    return "patched", kube.merge_patch(kind, namespace, name, patch)
+
+
+def _refuse(body: Mapping[str, Any], previous: Mapping[str, Any], generation: int | None,
+            message: str, now: datetime.datetime) -> None:
+    meta = body["metadata"]
+    status = invalid_status(previous, generation=generation, message=message, now=now)
+    patch = status_patch(previous, status)
+    if patch is None:
+        return
+    kube.patch_status(meta["namespace"], meta["name"], patch)
+    before = conditions.find_condition(previous, "Ready") or {}
+    if before.get("reason") != "InvalidSpec" or not before.get("message", "").startswith(message):
+        logger.warning("invalid spec service=%s/%s reason=%s", meta["namespace"], meta["name"],
+                       message)
+        kube.post_event(body, type_="Warning", reason="InvalidSpec", message=message, now=now)
+
+
+def _announce(body: Mapping[str, Any], previous: Mapping[str, Any], outcome: Outcome,
+              now: datetime.datetime) -> None:
+    """Log and record Events for the transitions of one pass."""
+    meta = body["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+    plan = outcome.plan
+    assert plan is not None
+    events: list[tuple[str, str, str]] = []
+    if outcome.created:
+        first = previous.get("observedGeneration") is None
+        events.append(("Normal", "Created" if first else "Restored",
+                       ("created " if first else "recreated ") + ", ".join(outcome.created)))
+    if outcome.patched and not plan.switched:
+        events.append(("Normal", "Configured", "patched " + ", ".join(outcome.patched)))
+    if plan.switched:
+        events.append(("Normal", "RolledBack" if plan.active == "fallback" else "RolledForward",
+                       plan.message))
+    before = conditions.find_condition(previous, "RolledBack") or {}
+    if plan.pending and not str(before.get("reason", "")).startswith("WaitingFor"):
+        events.append(("Normal", f"WaitingFor{plan.intent.capitalize()}", plan.message))
+    before_ready = conditions.find_condition(previous, "Ready") or {}
+    if outcome.refused and before_ready.get("reason") != "ChildRefused":
+        events.append(("Warning", "ChildRefused", "the API server refused: "
+                       + "; ".join(outcome.refused)))
+    if outcome.conflicts and before_ready.get("reason") != "ChildConflict":
+        events.append(("Warning", "ChildConflict", "controlled by another owner, left alone: "
+                       + ", ".join(outcome.conflicts)))
+    for type_, reason, message in events:
+        logger.info("service=%s reason=%s %s", where, reason, message)
+        kube.post_event(body, type_=type_, reason=reason, message=message, now=now)
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def _selected_role(service: Mapping[str, Any] | None) -> str | None:
+    """The role a live Service selects, if it is one."""
+    role = ((service or {}).get("spec") or {}).get("selector", {}).get(manifests.LABEL_ROLE)
+    return role if role in manifests.ROLES else None
+
+
+def _lock_for(namespace: str, name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+def _owner_name(body: Mapping[str, Any]) -> str | None:
+    """The name of the InferenceService controlling a child, if one does."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == resource.KIND \
+                and str(ref.get("apiVersion", "")).startswith(resource.GROUP + "/"):
+            return ref.get("name")  # type: ignore[no-any-return]
+    return None
+
+
+# --- kopf registrations --------------------------------------------------------------------
+
+@kopf.on.startup()
+def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    """Tune kopf and build the operator settings. kopf posts no Events of its own (the
+    operator records its transitions; a retry every few seconds while traffic waits would
+    flood ``kubectl describe``); the child watches are filtered by the API server, by label."""
+    settings.posting.enabled = False
+    # Watches are renewed every minute: a watch the API server leaves silent (as it can while
+    # a just-created CRD's watch cache initializes) costs at most a minute.
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    for group, version, plural in _CHILDREN:  # the API server filters, not the operator
+        settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
+    if getattr(memo, "tailguard", None) is None:
+        memo.tailguard = OperatorSettings.from_env(os.environ)
+    _known(memo)
+
+
+def _known(memo: Any) -> KnownServices:
+    known = getattr(memo, "known_services", None)
+    if known is None:
+        known = memo.known_services = KnownServices()
+    return known
+
+
+def _seen(memo: Any) -> SeenChildren:
+    seen = getattr(memo, "seen_children", None)
+    if seen is None:
+        seen = memo.seen_children = SeenChildren()
+    return seen
+
+
+async def resync(memo: Any) -> None:
+    """Reconcile every InferenceService in scope every ``resync_seconds``, forever.
+
+    Not a kopf timer or daemon (either would put a finalizer on every InferenceService): one
+    task for the whole operator, started and stopped with it. A pass that finds nothing to
+    change writes nothing. A failure is logged, and the next period tries again.
+    """
+    settings: OperatorSettings = memo.tailguard
+    known = _known(memo)
+    while True:
+        await asyncio.sleep(settings.resync_seconds)
+        try:
+            targets = await asyncio.to_thread(resync_targets,
+                                              getattr(memo, "namespaces", ()), known)
+        except Exception as exc:  # the task must outlive any one failure
+            logger.warning("resync list failed error=%s", exc, exc_info=not isinstance(
+                exc, kube.KubeError))
+            continue
+        for namespace, name in targets:
+            try:
+                outcome = await asyncio.to_thread(reconcile_service, namespace, name, settings)
+            except Exception as exc:
+                logger.warning("resync failed service=%s/%s error=%s", namespace, name, exc,
+                               exc_info=not isinstance(exc, kube.KubeError))
+                continue
+            if outcome == Outcome():  # gone
+                known.discard(namespace, name)
+
+
+@kopf.on.startup()
+async def start_resync(*, memo: Any, **_: Any) -> None:
+    """Start the :func:`resync` task (after :func:`configure`, which builds the settings)."""
+    memo.resync_task = asyncio.create_task(resync(memo), name="tailguard-resync")
+
+
+@kopf.on.cleanup()
+async def stop_resync(*, memo: Any, **_: Any) -> None:
+    """Stop the :func:`resync` task (a pass already running in a worker thread is not
+    interrupted; it ends with the process)."""
+    task: asyncio.Task[None] | None = getattr(memo, "resync_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """Load credentials once, through :func:`kube.connect`, for both kopf and :mod:`tailguard.operator.kube`
+    (kopf calls this again when the API answers 401)."""
+    creds = kube.connect()
+    return kopf.ConnectionInfo(
+        server=creds.server, ca_path=creds.ca_path, insecure=creds.insecure,
+        username=creds.username, password=creds.password, scheme=creds.scheme,
+        token=creds.token, certificate_path=creds.certificate_path,
+        private_key_path=creds.private_key_path)
+
+
+@kopf.on.resume(resource.GROUP, resource.VERSION, resource.PLURAL)
+@kopf.on.create(resource.GROUP, resource.VERSION, resource.PLURAL)
+@kopf.on.update(resource.GROUP, resource.VERSION, resource.PLURAL)
+def reconcile_handler(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """Reconcile on create/update/resume. An invalid spec fails permanently (after its status
+    condition is written); a traffic switch waiting for Ready replicas retries after a delay."""
+    settings: OperatorSettings = memo.tailguard
+    _known(memo).add(namespace or "", name)
+    outcome = reconcile_service(namespace or "", name, settings)
+    if outcome.invalid is not None:
+        raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
+    if outcome.refused:
+        raise kopf.TemporaryError("the API server refused: " + "; ".join(outcome.refused),
+                                  delay=settings.retry_delay_seconds)
+    if outcome.plan is not None and outcome.plan.pending:
+        raise kopf.TemporaryError(outcome.plan.message, delay=settings.retry_delay_seconds)
+
+
+def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, memo: Any,
+                  **_: Any) -> None:
+    """A child was added, changed or deleted: reconcile its owner (restores hand edits and
+    deletions; moves pending traffic once the target's pods are Ready). The initial listing
+    is skipped: resuming the owners covers it."""
+    owner = _owner_name(body)
+    if type is None or owner is None or namespace is None:
+        return
+    seen = _seen(memo)
+    if not seen.changed(type, body):
+        return  # a status write that no pass reads (the HPA controller's, every few seconds)
+    _known(memo).add(namespace, owner)
+    try:
+        reconcile_service(namespace, owner, memo.tailguard)
+    except BaseException:
+        seen.forget(body)  # the next event of this child must get its pass
+        raise
+
+
+for _group, _version, _plural in _CHILDREN:
+    kopf.on.event(_group, _version, _plural, id=f"child-{_plural}",
+                  labels={manifests.LABEL_MANAGED_BY: manifests.MANAGED_BY})(child_changed)
+
+
+def run_operator(namespaces: Sequence[str] | None = None, *, peering: bool | str = False,
+                 settings: OperatorSettings | None = None, liveness_endpoint: str | None = None,
+                 verbose: bool = False) -> None:
+    """Run the operator in this thread until interrupted (``tailguard operator``).
+
+    ``namespaces``: watch only these (globs allowed); ``None`` or empty: the whole cluster.
+    ``peering``: coordinate replicas through kopf's peering objects (their CRDs and an object
+    named ``peering``, or ``default`` when it is ``True``, must exist); ``False`` or ``""``:
+    run standalone, as the only replica. ``settings`` default to
+    :meth:`OperatorSettings.from_env`. ``liveness_endpoint``: e.g.
+    ``http://0.0.0.0:8080/healthz``.
+
+    Raises:
+        ValueError: bad ``TAILGUARD_*`` environment variables.
+    """
+    kopf.configure(verbose=verbose)
+    memo = kopf.Memo(tailguard=settings or OperatorSettings.from_env(os.environ),
+                     namespaces=list(namespaces or ()))
+    # Peers with equal priority all pause (kopf's rule), so each replica draws its own.
+    priority = random.randint(1, 2**31 - 1) if peering else None
+    kopf.run(clusterwide=not namespaces, namespaces=list(namespaces or ()),
+             # An empty name must reach kopf as None: any string makes peering mandatory,
+             # and kopf then pauses every watch until a peering object appears.
+             standalone=not peering, peering_name=peering if isinstance(peering, str) and peering
+             else None,
+             priority=priority, memo=memo, liveness_endpoint=liveness_endpoint)

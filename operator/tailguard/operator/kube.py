@@ -1,0 +1,293 @@
+"""The one module that talks to the Kubernetes API (the only importer of ``kubernetes``).
+
+It reads and writes objects as plain dicts (JSON as the API server sends it, no client model
+classes) through the official client's configuration and transport, so kubeconfig contexts,
+in-cluster service accounts, client certificates and token refresh all work as in ``kubectl``.
+Every write is a create or a JSON merge patch (``application/merge-patch+json``): the fake API
+in the tests applies patches as plain merges, and a merge patch means the same everywhere.
+
+Calls are synchronous; kopf runs the handlers that use them in its worker threads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import kubernetes
+import urllib3
+
+from tailguard.spec import resource
+
+logger = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+REQUEST_TIMEOUT = (5.0, 30.0)
+"""(connect, read) timeouts of one API request, in seconds."""
+COMPONENT = "tailguard-operator"
+
+_PATHS: Mapping[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "Event": ("/api/v1", "events"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    resource.KIND: (f"/apis/{resource.API_VERSION}", resource.PLURAL),
+}
+"""Collection path prefix and plural of every (namespaced) kind the operator touches."""
+
+_lock = threading.Lock()
+_client: Any = None
+_namespace = "default"
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+class KubeError(RuntimeError):
+    """The API server refused a request: ``status`` is the HTTP status, ``reason`` the
+    Kubernetes Status reason (``NotFound``, ``AlreadyExists``, ``Conflict``, ...)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeError):
+    """404: the object (or its namespace, or its kind) does not exist."""
+
+
+class Conflict(KubeError):
+    """409: the object already exists, or a precondition (resourceVersion) failed."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What :func:`connect` loaded, for kopf's own connection (the same server and identity)."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+    username: str | None
+    password: str | None
+    scheme: str | None
+    token: str | None
+    certificate_path: str | None
+    private_key_path: str | None
+
+
+def connect(*, kubeconfig: str | None = None, context: str | None = None) -> Credentials:
+    """(Re)load credentials: the in-cluster service account when running in a pod, else the
+    kubeconfig (``kubeconfig``, else ``$KUBECONFIG`` as it is now, else ``~/.kube/config``) and
+    its current context (or ``context``). Later calls use the new credentials; they are also
+    returned, for kopf's login.
+
+    Raises:
+        KubeError: (status 0) neither in-cluster credentials nor a usable kubeconfig exist.
+    """
+    global _client, _namespace
+    config = kubernetes.client.Configuration()
+    try:
+        if kubeconfig is None and context is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=config)
+            try:
+                with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as fh:
+                    namespace = fh.read().strip() or "default"
+            except OSError:
+                namespace = "default"
+        else:
+            raise kubernetes.config.ConfigException("not in a cluster")
+    except kubernetes.config.ConfigException:
+        try:
+            path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context, client_configuration=config)
+            contexts, active = kubernetes.config.list_kube_config_contexts(
+                config_file=path)  # type: ignore[no-untyped-call]
+            chosen = next((c for c in contexts if c["name"] == context), active) if context \
+                else active
+            namespace = (chosen or {}).get("context", {}).get("namespace") or "default"
+        except (kubernetes.config.ConfigException, OSError) as exc:
+            raise KubeError(0, "NoCredentials", f"no Kubernetes credentials: {exc}") from None
+    with _lock:
+        old, _client = _client, kubernetes.client.ApiClient(config)
+        _namespace = namespace
+    if old is not None:
+        old.close()
+    header = config.get_api_key_with_prefix("BearerToken") or ""
+    scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
+    return Credentials(server=config.host, ca_path=config.ssl_ca_cert,
+                       insecure=not config.verify_ssl, username=config.username or None,
+                       password=config.password or None, scheme=scheme or None,
+                       token=token or None, certificate_path=config.cert_file,
+                       private_key_path=config.key_file)
+
+
+def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object, or ``None`` when it does not exist.
+
+    Raises:
+        KubeError: any other refusal (403, 5xx, ...).
+    """
+    try:
+        return _request("GET", _path(kind, namespace, name))
+    except NotFound:
+        return None
+
+
+def list_names(kind: str, namespace: str | None) -> list[tuple[str, str]]:
+    """``(namespace, name)`` of every object of ``kind`` in ``namespace`` (every namespace
+    when ``None``), sorted.
+
+    Raises:
+        KubeError: the API refused (403 without list permission, ...).
+    """
+    prefix, plural = _PATHS[kind]
+    path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+    items = _request("GET", path).get("items") or []
+    return sorted((i["metadata"]["namespace"], i["metadata"]["name"]) for i in items)
+
+
+def create(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Create ``obj`` (its ``kind`` and ``metadata.namespace`` pick the collection); return the
+    stored object.
+
+    Raises:
+        Conflict: it already exists.
+        KubeError: any other refusal.
+    """
+    namespace = obj["metadata"]["namespace"]
+    return _request("POST", _path(obj["kind"], namespace), body=dict(obj))
+
+
+def merge_patch(kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply a JSON merge patch (RFC 7386) to an object; return the stored object.
+
+    Raises:
+        NotFound: the object does not exist.
+        KubeError: any other refusal.
+    """
+    return _request("PATCH", _path(kind, namespace, name), body=dict(patch),
+                    content_type=MERGE_PATCH)
+
+
+def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge-patch an InferenceService's ``status`` subresource with ``patch``
+    (``{"status": {...}}``); return the stored object.
+
+    Raises:
+        NotFound: the InferenceService does not exist.
+        KubeError: any other refusal.
+    """
+    return _request("PATCH", _path(resource.KIND, namespace, name) + "/status", body=dict(patch),
+                    content_type=MERGE_PATCH)
+
+
+def default_namespace() -> str:
+    """The namespace of the current kubeconfig context (or of the pod's service account);
+    ``default`` when it names none. Connects first if needed.
+
+    Raises:
+        KubeError: no credentials.
+    """
+    _api_client()
+    with _lock:
+        return _namespace
+
+
+def set_traffic(name: str, namespace: str | None, role: str) -> dict[str, Any]:
+    """Set ``spec.traffic`` of an InferenceService (``tailguard rollback NAME --cluster``);
+    the operator moves traffic once the role has Ready replicas. ``namespace`` ``None``: the
+    current context's (:func:`default_namespace`). Connects first if needed.
+
+    Raises:
+        ValueError: ``role`` is not ``primary`` or ``fallback``.
+        NotFound: there is no such InferenceService.
+        KubeError: no credentials, or any other refusal.
+    """
+    if role not in ("primary", "fallback"):
+        raise ValueError(f"role must be primary or fallback, got {role!r}")
+    return merge_patch(resource.KIND, namespace or default_namespace(), name,
+                       {"spec": {"traffic": role}})
+
+
+def post_event(involved: Mapping[str, Any], *, type_: str, reason: str, message: str,
+               now: datetime.datetime) -> None:
+    """Record a core/v1 Event about ``involved`` (an object as returned by the API).
+    ``type_`` is ``Normal`` or ``Warning``. Best effort: a refusal is logged, not raised."""
+    meta = involved["metadata"]
+    stamp = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": involved.get("apiVersion", resource.API_VERSION),
+                           "kind": involved.get("kind", resource.KIND), "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+        "type": type_, "reason": reason, "message": message[:1024],
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        "source": {"component": COMPONENT},
+        "reportingComponent": f"{resource.GROUP}/operator",
+        "reportingInstance": socket.gethostname()[:128],
+    }
+    try:
+        _request("POST", _path("Event", meta["namespace"]), body=event)
+    except KubeError as exc:
+        logger.warning("event not recorded: object=%s/%s reason=%s error=%s",
+                       meta["namespace"], meta["name"], reason, exc)
+
+
+def _path(kind: str, namespace: str, name: str | None = None) -> str:
+    try:
+        prefix, plural = _PATHS[kind]
+    except KeyError:
+        raise ValueError(f"unsupported kind {kind!r}") from None
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name is not None else path
+
+
+def _api_client() -> Any:
+    with _lock:
+        client = _client
+    if client is None:
+        connect()
+        with _lock:
+            client = _client
+    return client
+
+
+def _request(method: str, path: str, *, body: Mapping[str, Any] | None = None,
+             content_type: str = "application/json") -> dict[str, Any]:
+    client = _api_client()
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    request = client.param_serialize(method, path, header_params=headers, body=body,
+                                     auth_settings=["BearerToken"])
+    try:
+        response = client.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
+        response.read()
+    except kubernetes.client.ApiException as exc:  # raised by the transport for some statuses
+        raise _error(exc.status or 0, exc.body) from None
+    except urllib3.exceptions.HTTPError as exc:  # connection refused, timeouts, TLS failures
+        raise KubeError(0, "Unreachable", f"{method} {path}: {exc}") from None
+    if not 200 <= response.status < 300:
+        raise _error(response.status, response.data)
+    return json.loads(response.data) if response.data else {}
+
+
+def _error(status: int, data: bytes | str | None) -> KubeError:
+    reason, message = "Unknown", ""
+    try:
+        body = json.loads(data or b"{}")
+        reason, message = body.get("reason") or reason, body.get("message") or ""
+    except (ValueError, AttributeError):
+        message = repr(data)[:200]
+    cls = NotFound if status == 404 else Conflict if status == 409 else KubeError
+    return cls(status, reason, message)

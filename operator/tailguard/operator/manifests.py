@@ -1,0 +1,335 @@
+"""The Kubernetes objects one InferenceService owns, as plain dicts.
+
+Pure functions of a validated :class:`~tailguard.spec.resource.InferenceService`, its owner
+identity and the :class:`~tailguard.operator.settings.OperatorSettings`: no I/O, no clock, no
+Kubernetes client. For a service ``NAME`` they build:
+
+- ConfigMap ``NAME-runtime``: key ``runtime.json``, the runtime's config (plus ``activeModel``);
+- Deployments ``NAME-primary`` and ``NAME-fallback``, one runtime role each;
+- Service ``NAME``: port 80 to the pods of the active role;
+- HorizontalPodAutoscalers and PodDisruptionBudgets ``NAME-primary`` / ``NAME-fallback``.
+
+Every object carries the same labels and a controller owner reference, so it goes when its owner
+goes. Comparing them with live objects, and deciding what to write, is :mod:`tailguard.operator.reconcile`'s job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from tailguard.spec import resource
+from tailguard.operator.settings import OperatorSettings
+
+ROLES = ("primary", "fallback")
+PORT = 8080
+PORT_NAME = "http"
+SERVICE_PORT = 80
+CONFIG_DIR = "/etc/tailguard"
+CONFIG_KEY = "runtime.json"
+QUEUE_DEPTH_METRIC = "tailguard_queue_depth"
+"""The runtime's per-pod gauge the HPAs scale on (rows waiting, the unit of ``maxQueueSize``)."""
+
+LABEL_ROLE = "tailguard.dev/role"
+LABEL_SERVICE = "tailguard.dev/inferenceservice"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "tailguard-operator"
+CHECKSUM_ANNOTATION = "tailguard.dev/config-checksum"
+
+KIND_ORDER = ("ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",
+              "PodDisruptionBudget")
+"""The order children are created in: the config before the pods that mount it, the pods
+before the Service and autoscalers that point at them."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService object that owns the children (``metadata.name`` and ``uid``)."""
+
+    name: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "Owner":
+        """Take the identity from an InferenceService object as the API server returns it.
+
+        Raises:
+            KeyError: no ``metadata.name`` or ``metadata.uid``.
+        """
+        return cls(name=body["metadata"]["name"], uid=body["metadata"]["uid"])
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    """The controller owner reference every child carries (garbage-collected with its owner)."""
+    return {"apiVersion": resource.API_VERSION, "kind": resource.KIND, "name": owner.name,
+            "uid": owner.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def common_labels(name: str) -> dict[str, str]:
+    """Labels of every child of the InferenceService ``name``."""
+    return {"app.kubernetes.io/name": "tailguard-runtime", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": "predictor", LABEL_MANAGED_BY: MANAGED_BY,
+            "app.kubernetes.io/part-of": "tailguard", LABEL_SERVICE: name}
+
+
+def role_labels(name: str, role: str) -> dict[str, str]:
+    """Labels of a role's Deployment, pods, HPA and PDB."""
+    return {**common_labels(name), LABEL_ROLE: role}
+
+
+def selector_labels(name: str, role: str) -> dict[str, str]:
+    """The (immutable) selector of a role's pods; the Service selects the active role with it."""
+    return {"app.kubernetes.io/name": "tailguard-runtime", "app.kubernetes.io/instance": name,
+            LABEL_ROLE: role}
+
+
+def child_name(name: str, kind: str, role: str | None = None) -> str:
+    """Name of a child: ``NAME`` (Service), ``NAME-runtime`` (ConfigMap), else ``NAME-ROLE``."""
+    if kind == "Service":
+        return name
+    if kind == "ConfigMap":
+        return f"{name}-runtime"
+    if role not in ROLES:
+        raise ValueError(f"{kind} needs a role among {ROLES}, got {role!r}")
+    return f"{name}-{role}"
+
+
+def service_url(isvc: resource.InferenceService) -> str:
+    """The in-cluster v2 inference URL clients call."""
+    return f"http://{isvc.name}.{isvc.namespace}.svc/v2/models/{isvc.name}/infer"
+
+
+def cluster_problems(isvc: resource.InferenceService) -> list[str]:
+    """What a valid spec still lacks to run in a cluster, one ``field: problem`` line each
+    (empty when nothing): a ``file://`` model must name its ``sha256`` there, because the file
+    comes from an image or volume that the operator cannot inspect."""
+    problems = []
+    for field, ref in (("spec.model", isvc.model), ("spec.fallback", isvc.fallback)):
+        if ref.uri.startswith("file://") and not ref.sha256:
+            problems.append(f"{field}.sha256: required in a cluster for a file:// model "
+                            f"({ref.uri})")
+    return problems
+
+
+def drain_grace_seconds(isvc: resource.InferenceService) -> int:
+    """Seconds a terminating runtime gives admitted requests: their deadline
+    (``batching.timeoutMs``, rounded up) plus 5 s of slack, and at least 10 s."""
+    return max(10, math.ceil(float(isvc.batching.timeout_ms) / 1000) + 5)
+
+
+def termination_grace_seconds(isvc: resource.InferenceService, settings: OperatorSettings) -> int:
+    """The pod's ``terminationGracePeriodSeconds``: preStop delay + drain + 10 s, so the kubelet
+    never kills a pod that is still draining."""
+    return settings.pre_stop_seconds + drain_grace_seconds(isvc) + 10
+
+
+def runtime_config(isvc: resource.InferenceService, active_role: str) -> dict[str, Any]:
+    """The JSON the runtime reads (``tailguard_runtime.settings.RuntimeSettings.from_config``).
+
+    Shape: ``{"name", "models": [{"role", "uri", "version", "sha256"?}], "batching": {camelCase},
+    "slo": {"windowSeconds", "p99LatencyMs"}, "drainGraceSeconds", "activeModel"}``. ``activeModel`` tells each
+    pod whether traffic is on its role; pods of the other role stop keeping connections alive.
+    """
+    models = []
+    for role, ref in (("primary", isvc.model), ("fallback", isvc.fallback)):
+        model: dict[str, Any] = {"role": role, "uri": ref.uri, "version": ref.version}
+        if ref.sha256:
+            model["sha256"] = ref.sha256
+        models.append(model)
+    batching = isvc.batching
+    return {
+        "name": isvc.name,
+        "models": models,
+        "batching": {"maxBatchSize": batching.max_batch_size,
+                     "maxWaitMs": _number(batching.max_wait_ms),
+                     "maxQueueSize": batching.max_queue_size,
+                     "timeoutMs": _number(batching.timeout_ms)},
+        "slo": {"windowSeconds": isvc.slo.window_seconds,
+                "p99LatencyMs": isvc.slo.p99_latency_ms},
+        "drainGraceSeconds": drain_grace_seconds(isvc),
+        "activeModel": active_role,
+    }
+
+
+def config_checksum(isvc: resource.InferenceService, role: str) -> str:
+    """SHA-256 (hex) of what the pods of ``role`` serve: the runtime config without
+    ``activeModel`` and without the other role's model. It changes, and rolls that role's pods,
+    exactly when what they serve changes: a traffic switch rolls nothing, and a new primary
+    model leaves the fallback's pods alone.
+
+    Raises:
+        ValueError: ``role`` is not a role.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    config = runtime_config(isvc, "primary")
+    del config["activeModel"]
+    config["models"] = [m for m in config["models"] if m["role"] == role]
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def config_map(isvc: resource.InferenceService, owner: Owner, active_role: str) -> dict[str, Any]:
+    """ConfigMap ``NAME-runtime`` holding ``runtime.json`` (indented, keys sorted)."""
+    text = json.dumps(runtime_config(isvc, active_role), indent=2, sort_keys=True) + "\n"
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(isvc, owner, "ConfigMap", None),
+            "data": {CONFIG_KEY: text}}
+
+
+def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
+               settings: OperatorSettings) -> dict[str, Any]:
+    """Deployment ``NAME-ROLE`` running ``tailguard-runtime --role ROLE``.
+
+    ``spec.replicas`` is ``scaling.minReplicas``: written at creation only (the HPA owns it
+    after that, see :mod:`tailguard.operator.reconcile`). The pod template carries the role's config checksum, so
+    a change of what this role serves rolls its pods, and nothing else does.
+    """
+    labels = role_labels(isvc.name, role)
+    probe = {"periodSeconds": 2, "timeoutSeconds": 1}
+    container = {
+        "name": "runtime",
+        "image": settings.runtime_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["tailguard-runtime", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
+                    "--role", role, "--host", "0.0.0.0", "--port", str(PORT)],
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "env": [{"name": var, "value": "1"}
+                for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")],
+        "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request},
+                      "limits": {"memory": settings.memory_limit}},
+        # Up to 3 minutes to load (or train, for builtin://) the model before liveness counts.
+        "startupProbe": {"httpGet": {"path": "/v2/health/live", "port": PORT_NAME},
+                         **probe, "failureThreshold": 90},
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": PORT_NAME},
+                           **probe, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": PORT_NAME},
+                          "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(settings.pre_stop_seconds)]}}},
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    pod_spec = {
+        "containers": [container],
+        "volumes": [{"name": "config",
+                     "configMap": {"name": child_name(isvc.name, "ConfigMap")}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+        "terminationGracePeriodSeconds": termination_grace_seconds(isvc, settings),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": settings.run_as_user,
+                            "runAsGroup": settings.run_as_user, "fsGroup": settings.run_as_user,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _metadata(isvc, owner, "Deployment", role),
+        "spec": {
+            "replicas": isvc.scaling.min_replicas,
+            "selector": {"matchLabels": selector_labels(isvc.name, role)},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {CHECKSUM_ANNOTATION: config_checksum(isvc, role),
+                                    "prometheus.io/scrape": "true",
+                                    "prometheus.io/port": str(PORT),
+                                    "prometheus.io/path": "/metrics"},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(isvc: resource.InferenceService, owner: Owner, active_role: str) -> dict[str, Any]:
+    """Service ``NAME``: port 80 (``http``) to the pods of ``active_role``."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(isvc, owner, "Service", None),
+        "spec": {"type": "ClusterIP",
+                 "selector": selector_labels(isvc.name, active_role),
+                 "ports": [{"name": PORT_NAME, "port": SERVICE_PORT, "targetPort": PORT_NAME,
+                            "protocol": "TCP"}]},
+    }
+
+
+def autoscaler(isvc: resource.InferenceService, owner: Owner, role: str,
+               min_replicas: int | None = None) -> dict[str, Any]:
+    """autoscaling/v2 HPA ``NAME-ROLE`` on the per-pod queue depth (``Pods`` metric,
+    ``AverageValue`` = ``scaling.targetQueueDepth`` rows) and CPU utilization.
+
+    ``min_replicas`` overrides ``scaling.minReplicas`` (raised while traffic waits to move to
+    this role); ``scaling.behavior`` is copied verbatim when given.
+    """
+    scaling = isvc.scaling
+    hpa_spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                           "name": child_name(isvc.name, "Deployment", role)},
+        "minReplicas": scaling.min_replicas if min_replicas is None else min_replicas,
+        "maxReplicas": scaling.max_replicas,
+        "metrics": [
+            {"type": "Pods",
+             "pods": {"metric": {"name": QUEUE_DEPTH_METRIC},
+                      "target": {"type": "AverageValue",
+                                 "averageValue": str(scaling.target_queue_depth)}}},
+            {"type": "Resource",
+             "resource": {"name": "cpu",
+                          "target": {"type": "Utilization",
+                                     "averageUtilization": scaling.target_cpu_utilization}}},
+        ],
+    }
+    if scaling.behavior is not None:
+        hpa_spec["behavior"] = json.loads(json.dumps(scaling.behavior))  # a deep copy
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": _metadata(isvc, owner, "HorizontalPodAutoscaler", role),
+            "spec": hpa_spec}
+
+
+def disruption_budget(isvc: resource.InferenceService, owner: Owner, role: str) -> dict[str, Any]:
+    """PodDisruptionBudget ``NAME-ROLE``: voluntary evictions take one pod at a time, and never
+    block on pods that are not Ready anyway."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": _metadata(isvc, owner, "PodDisruptionBudget", role),
+            "spec": {"maxUnavailable": 1,
+                     "selector": {"matchLabels": selector_labels(isvc.name, role)},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
+
+
+def children(isvc: resource.InferenceService, owner: Owner, settings: OperatorSettings, *,
+             active_role: str, min_replicas: Mapping[str, int] | None = None
+             ) -> list[dict[str, Any]]:
+    """Every child, in :data:`KIND_ORDER`. ``min_replicas`` maps a role to its HPA's raised
+    ``minReplicas`` (see :func:`autoscaler`).
+
+    Raises:
+        ValueError: ``active_role`` is not a role.
+    """
+    if active_role not in ROLES:
+        raise ValueError(f"active_role must be one of {ROLES}, got {active_role!r}")
+    raised = min_replicas or {}
+    return [
+        config_map(isvc, owner, active_role),
+        *(deployment(isvc, owner, role, settings) for role in ROLES),
+        service(isvc, owner, active_role),
+        *(autoscaler(isvc, owner, role, raised.get(role)) for role in ROLES),
+        *(disruption_budget(isvc, owner, role) for role in ROLES),
+    ]
+
+
+def _metadata(isvc: resource.InferenceService, owner: Owner, kind: str,
+              role: str | None) -> dict[str, Any]:
+    labels = common_labels(isvc.name) if role is None else role_labels(isvc.name, role)
+    return {"name": child_name(isvc.name, kind, role), "namespace": isvc.namespace,
+            "labels": labels, "ownerReferences": [owner_reference(owner)]}
+
+
+def _number(value: float) -> int | float:
+    """``12.0`` -> ``12``: the CRD's integers stay integers in the runtime JSON."""
+    return int(value) if float(value).is_integer() else value

@@ -1,0 +1,121 @@
+"""The InferenceService status the operator writes, as pure functions.
+
+Conditions are ``metav1.Condition`` dicts (``type``, ``status``, ``reason``, ``message``,
+``observedGeneration``, ``lastTransitionTime``); ``lastTransitionTime`` changes only when a
+condition's ``status`` does. :func:`status_patch` returns ``None`` when nothing the operator
+owns has changed, so a quiet reconcile writes no status either.
+
+The operator owns ``observedGeneration``, ``activeModel``, ``url``, ``replicas``,
+``replicaSummary`` and the condition types in :data:`OWNED_TYPES` (conditions are built with
+:mod:`tailguard.spec.conditions`); ``SLOMet`` is kept as found
+(the SLO guard judges it) and starts ``Unknown``. ``status.observed`` and ``status.kopf`` belong
+to others and are never written here. The clock is an argument.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Mapping, Sequence
+
+from tailguard.operator import manifests
+from tailguard.operator.reconcile import TrafficPlan, desired_replicas, ready_replicas
+from tailguard.spec import resource
+from tailguard.spec.conditions import find_condition, ordered, set_condition
+
+OWNED_TYPES = ("Ready", "PrimaryReady", "FallbackReady", "RolledBack")
+"""Condition types recomputed on every reconcile (``SLOMet`` is only initialised)."""
+OWNED_KEYS = ("observedGeneration", "activeModel", "url", "replicas", "replicaSummary",
+              "conditions")
+"""The ``status`` keys the operator writes."""
+
+
+def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *,
+                 generation: int | None, plan: TrafficPlan,
+                 deployments: Mapping[str, Mapping[str, Any] | None],
+                 conflicts: Sequence[str], now: datetime.datetime,
+                 refused: Sequence[str] = ()) -> dict[str, Any]:
+    """The owned part of the status after a reconcile pass.
+
+    ``deployments`` maps each role to its live Deployment (or ``None``); ``conflicts`` names
+    children that exist but are controlled by another owner; ``refused`` has one line per
+    create or patch the API server refused (``Kind/name: 403 Forbidden: ...``). Either makes
+    ``Ready`` False, refusals first (reason ``ChildRefused``).
+    """
+    replicas = {role: {"desired": desired_replicas(deployments.get(role)),
+                       "ready": ready_replicas(deployments.get(role))}
+                for role in manifests.ROLES}
+    conditions = ordered(previous.get("conditions") or [])
+
+    def put(type_: str, status: str, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = set_condition(conditions, type_, status, reason, message,
+                                   generation=generation, now=now)
+
+    for role, type_ in (("primary", "PrimaryReady"), ("fallback", "FallbackReady")):
+        counts = f"{replicas[role]['ready']}/{replicas[role]['desired']} replicas ready"
+        if replicas[role]["ready"] > 0:
+            put(type_, "True", "ReplicasReady", counts)
+        else:
+            put(type_, "False", "NoReadyReplicas", counts)
+
+    active = replicas[plan.active]
+    if refused:
+        put("Ready", "False", "ChildRefused",
+            "the API server refused: " + "; ".join(refused))
+    elif conflicts:
+        put("Ready", "False", "ChildConflict",
+            "controlled by another owner, left alone: " + ", ".join(conflicts))
+    elif active["ready"] > 0:
+        put("Ready", "True", "Serving",
+            f"traffic goes to the {plan.active} model "
+            f"({active['ready']}/{active['desired']} replicas ready)")
+    else:
+        put("Ready", "False", "NoReadyReplicas",
+            f"the {plan.active} model (active) has no Ready replicas yet")
+
+    if find_condition({"conditions": conditions}, "SLOMet") is None:
+        put("SLOMet", "Unknown", "NoData",
+            "not judged yet: no SLO window with enough samples has been observed")
+
+    if plan.pending:
+        reason = "WaitingForFallback" if plan.intent == "fallback" else "WaitingForPrimary"
+        rolled = "False" if plan.active == "primary" else "True"
+        put("RolledBack", rolled, reason, plan.message)
+    elif plan.active == "fallback":
+        put("RolledBack", "True", "ManualRollback",
+            "traffic goes to the fallback model (spec.traffic: fallback)")
+    else:
+        put("RolledBack", "False", "OnPrimary", "traffic goes to the primary model")
+
+    return {
+        "observedGeneration": generation,
+        "activeModel": plan.active,
+        "url": manifests.service_url(isvc),
+        "replicas": replicas,
+        "replicaSummary": f"{active['ready']}/{active['desired']}",
+        "conditions": ordered(conditions),
+    }
+
+
+def invalid_status(previous: Mapping[str, Any], *, generation: int | None, message: str,
+                   now: datetime.datetime) -> dict[str, Any]:
+    """The owned status of an object the operator refuses: ``Ready`` False with reason
+    ``InvalidSpec`` and the problems as the message; the rest stays as it was (children that
+    exist are left as they are)."""
+    out = {key: previous[key] for key in OWNED_KEYS if key in previous}
+    out["observedGeneration"] = generation
+    out["conditions"] = ordered(set_condition(
+        previous.get("conditions") or [], "Ready", "False", "InvalidSpec",
+        f"{message} (nothing was changed)", generation=generation, now=now))
+    return out
+
+
+def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch body (``{"status": {...}}``) writing ``new``'s owned keys, or ``None``
+    when they equal ``previous``'s."""
+    owned = {key: new[key] for key in OWNED_KEYS if key in new and new[key] is not None}
+    if all(previous.get(key) == value for key, value in owned.items()):
+        return None
+    return {"status": owned}
+
+

@@ -1,0 +1,1 @@
+"""``tailguard report``'s engine: the evidence card of a service, measured and rendered."""

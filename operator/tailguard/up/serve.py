@@ -1,0 +1,202 @@
+"""``tailguard up``: one InferenceService served on this machine, no cluster.
+
+Reads the same YAML that ``kubectl apply`` takes, validates it with the CRD's own rules, loads
+the primary and the fallback into one runtime process, and serves them at the cluster's paths.
+A loopback-only control route (guarded by a per-run secret in a file only this user can read,
+:mod:`tailguard.up.control`) lets ``tailguard rollback NAME`` switch traffic, and the SLO guard
+(:mod:`tailguard.guard.local`) judges every window and rolls back a primary that breaks the SLO. Shows a live
+status line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from typing import Any, TextIO
+
+from tailguard_runtime.errors import ModelLoadError
+from tailguard_runtime.models import Predictor
+from tailguard_runtime.server import (DrainingServer, base_url, bind_socket, limit_threads, run,
+                                      serve)
+from tailguard_runtime.service import Runtime, load_runtime
+
+from tailguard.guard.local import LocalGuard
+from tailguard.up.control import new_secret, remove_control_file, write_control_file
+from tailguard.spec.resource import InferenceService, find_object, parse
+from tailguard.spec.schema import SpecError
+
+CLUSTER_ONLY = {
+    "scaling.minReplicas": "autoscaling needs a cluster; tailguard up runs one process",
+    "scaling.maxReplicas": "autoscaling needs a cluster; tailguard up runs one process",
+    "scaling.targetCPUUtilization": "autoscaling needs a cluster; tailguard up runs one process",
+    "scaling.behavior": "autoscaling needs a cluster; tailguard up runs one process",
+}
+"""Fields that only mean something in a cluster. ``scaling.targetQueueDepth`` is not here: the
+SLO guard reads it locally too (a deeper mean queue is overload, answered by shedding)."""
+
+
+def not_applicable(raw_spec: dict[str, Any]) -> list[str]:
+    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply."""
+    named = [path for path in CLUSTER_ONLY if _has(raw_spec, path)]
+    if not named:
+        return []
+    return [f"{', '.join('spec.' + p for p in named)}: not applicable locally "
+            f"({CLUSTER_ONLY[named[0]]})"]
+
+
+def _has(mapping: dict[str, Any], dotted: str) -> bool:
+    for key in dotted.split("."):
+        if not isinstance(mapping, dict) or key not in mapping:
+            return False
+        mapping = mapping[key]
+    return True
+
+
+def status_line(runtime: Runtime, now: float, guard: LocalGuard | None = None) -> str:
+    """One line: active model, p99 against the SLO and p50 (ms, exact over the sliding window),
+    queue depth (rows), admitted req/s, refusals, and the SLO guard's state."""
+    served = runtime.active
+    snap = served.stats.snapshot(now, served.batcher.queue_depth)
+    p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}ms"
+    p50 = "-" if snap["p50Ms"] is None else f"{snap['p50Ms']:.1f}ms"
+    slo = runtime.settings.slo_p99_ms
+    target = "" if slo is None else f"/{slo:g}ms"
+    state = "" if guard is None else f" guard={guard.label()}"
+    return (f"{runtime.name}: active={runtime.active_role} p99={p99}{target} p50={p50} "
+            f"queue={snap['queueDepth']} req/s={snap['requestsPerSecond']:.0f} "
+            f"errors={snap['errors']} rejected={snap['rejectedTotal']}{state} "
+            f"(last {snap['windowSeconds']:.0f}s)")
+
+
+async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: bool,
+                        guard: LocalGuard | None = None) -> None:
+    """Print :func:`status_line` every ``interval_s`` seconds, rewriting one line if ``live``."""
+    while True:
+        await asyncio.sleep(interval_s)
+        line = status_line(runtime, time.perf_counter(), guard)
+        if live:
+            out.write("\r\x1b[2K" + line)
+        else:
+            out.write(line + "\n")
+        out.flush()
+
+
+def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: str = "tailguard",
+       port_hint: str = "use --port to pick another port") -> int:
+    """Serve the InferenceService in ``path`` until interrupted. Returns the exit code:
+    0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port.
+
+    ``command`` is how the banner spells the ``tailguard`` command so that its lines run as
+    printed (e.g. ``.venv/bin/tailguard``); ``port_hint`` ends the busy-port line (``make up``
+    names ``PORT=``). Traffic switches are logged (logger ``tailguard_runtime.traffic``) and
+    Ctrl-C prints the drain's counts.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        print(f"tailguard up: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        written = find_object(text, path)
+        isvc = parse(written)
+    except SpecError as exc:
+        print(spec_error_text("tailguard up", path, exc), file=sys.stderr)
+        return 2
+    traffic = logging.getLogger("tailguard_runtime.traffic")
+    if not traffic.isEnabledFor(logging.INFO):
+        traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says
+    for line in not_applicable(written.get("spec") or {}):
+        print(f"note: {line}", file=out)
+    try:  # before the (possibly slow) model load, so a busy port fails at once
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} ({port_hint})",
+              file=sys.stderr)
+        return 2
+    limit_threads()
+    secret = new_secret()
+    runtime = _load(isvc, out, secret)
+    if runtime is None:
+        sock.close()
+        return 2
+    bound = sock.getsockname()[1]
+    try:
+        control = write_control_file(isvc.name, bound, secret)
+    except OSError as exc:
+        print(f"tailguard up: cannot write the control file for tailguard rollback: {exc}",
+              file=sys.stderr)
+        sock.close()
+        return 2
+    print(_banner(isvc, base_url(host, bound), command), file=out, flush=True)
+    live = out.isatty()
+    guard = LocalGuard(runtime, isvc, out)
+    runtime.status_source = guard.status
+
+    async def started(server: DrainingServer) -> None:
+        await asyncio.gather(
+            guard.run(),
+            report_status(runtime, out, 1.0 if live else float(isvc.slo.window_seconds), live,
+                          guard))
+
+    try:
+        run(serve(runtime, sock, on_started=started))
+    finally:
+        remove_control_file(control)
+    if live:
+        out.write("\n")
+    report = runtime.drain_report
+    print(f"tailguard up: {report.line() + '; ' if report else ''}stopped", file=out, flush=True)
+    return 0
+
+
+def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
+    """A refused spec for people: one line for one problem, else a heading and one line each."""
+    if len(exc.errors) == 1:
+        return f"{prefix}: {path} is not a valid InferenceService: {exc.errors[0]}"
+    return "\n".join([f"{prefix}: {path} is not a valid InferenceService "
+                      f"({len(exc.errors)} problems):", *(f"  {line}" for line in exc.errors)])
+
+
+def _load(isvc: InferenceService, out: TextIO, secret: str) -> Runtime | None:
+    settings = isvc.runtime_settings(control_secret=secret)
+
+    def loading(role: str, uri: str) -> None:
+        print(f"loading {role} {uri} ...", file=out, flush=True)
+
+    def loaded(role: str, predictor: Predictor, seconds: float) -> None:
+        print(f"  {role}: {predictor.estimator_type}, {predictor.n_features} features, "
+              f"ready in {seconds:.1f}s", file=out, flush=True)
+
+    try:
+        runtime = load_runtime(settings, on_loading=loading, on_loaded=loaded)
+    except ModelLoadError as exc:
+        print(f"tailguard up: {exc}", file=sys.stderr)
+        return None
+    if isvc.traffic == "fallback":
+        runtime.switch("fallback", by="spec")
+    return runtime
+
+
+def _banner(isvc: InferenceService, base: str, command: str) -> str:
+    b = isvc.batching
+    port = "" if base.endswith(":8080") else f" --port {base.rsplit(':', 1)[1]}"
+    return "\n".join([
+        f"serving InferenceService {isvc.name} on {base} (traffic -> {isvc.traffic})",
+        f"  v2 infer   POST {base}/v2/models/{isvc.name}/infer",
+        f"  v1 predict POST {base}/v1/models/{isvc.name}:predict",
+        f"  metadata   GET  {base}/v2/models/{isvc.name}",
+        f"  metrics    GET  {base}/metrics      stats GET {base}/tailguard/stats",
+        f"  batching   maxBatchSize={b.max_batch_size} maxWaitMs={b.max_wait_ms:g} "
+        f"maxQueueSize={b.max_queue_size} timeoutMs={b.timeout_ms:g}; "
+        f"SLO p99 {isvc.slo.p99_latency_ms} ms",
+        "  SLO guard  " + (f"rolls back after {isvc.slo.breach_windows} breached windows of "
+                           f"{isvc.slo.window_seconds}s" if isvc.automatic_rollback
+                           else "reports only (rollback.automatic: false)"),
+        f"  roll back  {command} rollback {isvc.name}{port}",
+        f"  and back   {command} rollforward {isvc.name}{port}",
+        f"  status     {command} status {isvc.name}{port}",
+        "Ctrl-C drains and stops.",
+    ])

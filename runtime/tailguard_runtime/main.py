@@ -1,0 +1,79 @@
+"""``tailguard-runtime --config FILE [--role ROLE]``: the container entry point.
+
+It reads the runtime config the operator wrote, loads the model(s), binds the port and hands
+over to :mod:`tailguard_runtime.server` for the lifecycle (serve, drain on SIGTERM). Every
+startup failure is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+
+from tailguard_runtime.errors import ModelLoadError
+from tailguard_runtime.server import (DrainingServer, base_url, bind_socket, follow_traffic,
+                                      limit_threads, run, serve)
+from tailguard_runtime.service import load_runtime
+from tailguard_runtime.settings import RuntimeSettings
+
+logger = logging.getLogger(__name__)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Plain ``time level logger message`` lines on stderr."""
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``tailguard-runtime``: serve one InferenceService's model(s) from a runtime config file."""
+    parser = argparse.ArgumentParser(prog="tailguard-runtime", description=main.__doc__)
+    parser.add_argument("--config", required=True, help="runtime config JSON (written by the operator)")
+    parser.add_argument("--role", choices=("primary", "fallback"),
+                        help="serve only this role's model (the cluster runs one role per pod)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--no-fast-forests", dest="fast_forests", action="store_false",
+                        help="call scikit-learn's own forest predict_proba (for comparisons)")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    limit_threads()
+    try:
+        with open(args.config, encoding="utf-8") as fh:
+            config = json.load(fh)
+        if args.role:
+            config = {**config,
+                      "models": [m for m in config["models"] if m.get("role") == args.role]}
+        settings = dataclasses.replace(RuntimeSettings.from_config(config),
+                                       fast_forests=args.fast_forests)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"tailguard-runtime: bad config {args.config}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 2
+    try:
+        runtime = load_runtime(settings)
+    except ModelLoadError as exc:
+        print(f"tailguard-runtime: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"tailguard-runtime: cannot listen on {args.host}:{args.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 2
+    logger.info("serving service=%s on %s", settings.name, base_url(args.host, sock.getsockname()[1]))
+    if args.role:
+        async def follow(_: DrainingServer) -> None:
+            await follow_traffic(runtime, args.config, args.role)
+        run(serve(runtime, sock, on_started=follow))
+    else:
+        run(serve(runtime, sock))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,397 @@
+"""Decode, validate and encode the two wire formats the runtime speaks.
+
+* Open Inference Protocol v2 (REST, JSON tensors): one input tensor of datatype ``FP32``,
+  ``FP64`` or ``INT64`` and shape ``[n_rows, n_features]``, data flat (row-major) or nested.
+  The request-level ``parameters.timeout`` is in microseconds (what ``tritonclient`` sends).
+* KServe v1: ``{"instances": [[...], ...]}`` -> ``{"predictions": [...]}``.
+
+Decoders return ``X`` of shape ``(n_rows, n_features)`` float64 or raise
+:class:`~tailguard_runtime.errors.InvalidInput` (400 for unparseable JSON, 422 for content) whose
+message names the field and what was expected. Encoders return bytes. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+from urllib.parse import quote
+
+import numpy as np
+import orjson
+
+from tailguard_runtime.admission import check_fits
+from tailguard_runtime.errors import InvalidInput, PayloadTooLarge
+from tailguard_runtime.models import OutputSpec
+
+V2_DATATYPES = ("FP32", "FP64", "INT64")
+_NUMBER_TYPES = frozenset((int, float))
+INT64_EXACT = 2**53
+"""The largest INT64 magnitude a float64 holds exactly (IEEE 754: a 53-bit significand);
+larger INT64 values are refused rather than rounded."""
+FP32_MAX = float(np.finfo(np.float32).max)
+"""The largest finite float32 (about 3.4e38); FP32 data beyond it is refused."""
+
+
+@dataclass(frozen=True)
+class V2Request:
+    """A decoded v2 inference request.
+
+    ``x``: ``(n_rows, n_features)`` float64; ``outputs``: requested output names (``None``: all);
+    ``timeout_us``: the client's ``parameters.timeout`` in microseconds, if any.
+    """
+
+    x: np.ndarray
+    id: str | None
+    outputs: tuple[str, ...] | None
+    timeout_us: float | None
+
+
+BODY_BYTES_PER_VALUE = 48
+"""Room for one tensor value in a valid body: the longest float64 JSON number (24 characters,
+``-2.2250738585072014e-308``), its separator, and the indentation ``json.dumps(indent=4)``
+puts before each value of a nested row."""
+BODY_OVERHEAD_BYTES = 64 * 1024
+"""Room for everything but the values: names, shape, ``id``, ``parameters``, ``outputs``."""
+
+
+def max_valid_body_bytes(n_features: int, max_rows: int) -> int:
+    """The largest body a valid request can have, in bytes: at most ``max_rows`` rows
+    (``maxQueueSize``) of ``n_features`` values of :data:`BODY_BYTES_PER_VALUE` each, plus
+    :data:`BODY_OVERHEAD_BYTES`. A larger body (or a compressed one inflating past it) is
+    refused with 413 before it is parsed; for the digits example (64 features, 512 rows) that is
+    about 1.6 MB (1,638,400 bytes)."""
+    return BODY_OVERHEAD_BYTES + max_rows * n_features * BODY_BYTES_PER_VALUE
+
+
+def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
+              max_rows: int | None = None) -> V2Request:
+    """Decode and validate a v2 ``/infer`` body for a model with ``n_features`` features.
+
+    ``max_rows``: refuse a tensor with more rows before converting its data (they could never
+    be queued, and converting millions of values would stall the event loop for nothing).
+
+    Raises:
+        PayloadTooLarge: more than ``max_rows`` rows (413).
+        InvalidInput: malformed JSON (400); missing or extra inputs, unsupported datatype, wrong
+            shape or feature count, element count not matching the shape, non-numeric, boolean
+            or non-finite values, ``INT64`` values beyond 2**53 (:data:`INT64_EXACT`), ``FP32``
+            values beyond float32's range, unknown requested outputs or ``outputs: []``, a bad
+            ``parameters.timeout`` (422).
+    """
+    doc = _loads(body)
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InvalidInput("'inputs' must be a list of exactly one tensor "
+                           f"{{name, shape: [n_rows, {n_features}], datatype, data}}")
+    tensor = inputs[0]
+    name = tensor.get("name", "input-0")
+    datatype = tensor.get("datatype")
+    if datatype not in V2_DATATYPES:
+        raise InvalidInput(f"inputs[0] ({name}): datatype must be one of "
+                           f"{', '.join(V2_DATATYPES)}, got {preview(datatype)}")
+    shape = tensor.get("shape")
+    if (not isinstance(shape, list) or len(shape) != 2
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise InvalidInput(f"inputs[0] ({name}): shape must be [n_rows, {n_features}], got "
+                           f"{preview(shape)}")
+    if shape[1] != n_features:
+        raise InvalidInput(f"inputs[0] ({name}): expected {n_features} features per row "
+                           f"(shape [n_rows, {n_features}]), got shape {shape}")
+    if shape[0] == 0:
+        raise InvalidInput(f"inputs[0] ({name}): shape {shape} has no rows")
+    _check_rows(shape[0], max_rows)
+    data = tensor.get("data")
+    if not isinstance(data, list):
+        parameters = tensor.get("parameters")
+        if isinstance(parameters, dict) and parameters.get("binary_data_size") is not None:
+            raise InvalidInput(f"inputs[0] ({name}): binary tensor data is not supported; send "
+                               "JSON data (tritonclient: set_data_from_numpy(x, binary_data=False))")
+        raise InvalidInput(f"inputs[0] ({name}): 'data' must be a list of numbers")
+    nested = bool(data) and type(data[0]) is list
+    if len(data) != (shape[0] if nested else shape[0] * shape[1]):  # before any conversion
+        count = "rows" if nested else "values"
+        raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs "
+                           f"{shape[0] if nested else shape[0] * shape[1]} {count}, data has "
+                           f"{len(data)}")
+    x = _to_matrix(data, f"inputs[0] ({name}).data", datatype == "INT64",
+                   f"flat values or rows of {n_features}")
+    if datatype == "FP32" and np.abs(x).max(initial=0.0) > FP32_MAX:
+        raise InvalidInput(f"inputs[0] ({name}).data: FP32 values beyond {FP32_MAX:.7g} are "
+                           "out of float32 range; send FP64")
+    if x.size != shape[0] * shape[1]:
+        raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs {shape[0] * shape[1]} "
+                           f"values, data has {x.size}")
+    x = x.reshape(shape[0], shape[1])
+    outputs = _requested_outputs(doc.get("outputs"), known_outputs)
+    return V2Request(x, _request_id(doc.get("id")), outputs, _timeout_us(doc.get("parameters")))
+
+
+def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> np.ndarray:
+    """Decode a KServe v1 ``:predict`` body ``{"instances": [[f0, f1, ...], ...]}``.
+
+    Returns ``(n_rows, n_features)`` float64. ``max_rows``: as for :func:`decode_v2`.
+
+    Raises:
+        PayloadTooLarge: more than ``max_rows`` rows (413).
+        InvalidInput: malformed JSON (400); no ``instances`` list, ragged or wrong-width rows,
+            non-numeric, boolean or non-finite values (422).
+    """
+    doc = _loads(body)
+    instances = doc.get("instances") if isinstance(doc, dict) else None
+    if not isinstance(instances, list) or not instances:
+        raise InvalidInput(f"body must be {{\"instances\": [[{n_features} numbers], ...]}} "
+                           "with at least one row")
+    _check_rows(len(instances), max_rows)
+    x = _to_matrix(instances, "instances", False, f"rows of {n_features} numbers")
+    if x.ndim != 2 or x.shape[1] != n_features:
+        raise InvalidInput(f"instances: each row must have {n_features} numbers; got an array of "
+                           f"shape {list(x.shape)}")
+    return x
+
+
+def encode_v2(model_name: str, version: str, request_id: str | None,
+              specs: Sequence[OutputSpec], outputs: Sequence[np.ndarray],
+              wanted: tuple[str, ...] | None,
+              parameters: Mapping[str, str] | None = None) -> bytes:
+    """Encode a v2 inference response; ``outputs`` align with ``specs``, row axis first.
+
+    ``version`` is the served model's version (``model_version``); ``parameters``, when given,
+    become the response's ``parameters`` object (the runtime sends ``role`` and ``model_uri``,
+    see :func:`served_by`).
+    """
+    tensors = []
+    for spec, value in zip(specs, outputs):
+        if wanted is not None and spec.name not in wanted:
+            continue
+        tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": list(value.shape),
+                        "data": _flat(value)})
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
+    if request_id is not None:
+        doc["id"] = request_id
+    if parameters is not None:
+        doc["parameters"] = parameters
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+ROLE_HEADER = "x-tailguard-role"
+MODEL_HEADER = "x-tailguard-model"
+VERSION_HEADER = "x-tailguard-model-version"
+
+
+def served_by(role: str, uri: str, version: str) -> list[tuple[bytes, bytes]]:
+    """The response headers that say which model answered: ``X-Tailguard-Role`` (``primary``
+    or ``fallback``), ``X-Tailguard-Model`` (the model URI) and ``X-Tailguard-Model-Version``,
+    as raw ASGI pairs. Characters a header cannot carry (non-ASCII, controls) are
+    percent-encoded, as in a URI."""
+    return [(ROLE_HEADER.encode(), header_value(role)),
+            (MODEL_HEADER.encode(), header_value(uri)),
+            (VERSION_HEADER.encode(), header_value(version))]
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as a header value: printable ASCII kept, anything else (non-ASCII, control
+    characters) percent-encoded as UTF-8 bytes."""
+    return "".join(c if " " <= c <= "~" else quote(c, safe="") for c in text).encode("ascii")
+
+
+def encode_v1(predictions: np.ndarray) -> bytes:
+    """Encode a v1 response ``{"predictions": [...]}``, one entry per row."""
+    return orjson.dumps({"predictions": _flat(predictions)}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def encode_error(message: str) -> bytes:
+    """The protocol's error body ``{"error": message}``."""
+    return orjson.dumps({"error": message})
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip member (RFC 1952, section 2.3.1)."""
+GZIP_MIN_BYTES = 18
+"""The shortest gzip member: a 10-byte header, an empty deflate block and the 8-byte trailer."""
+MAX_DEFLATE_RATIO = 1032
+"""The most deflate can compress: 1032 to 1 (zlib's technical details, zlib.net/zlib_tech.html)."""
+
+
+def check_stated_size(body: bytes, encoding: bytes, limit: int) -> None:
+    """Refuse a gzip ``body`` whose trailer states an inflated size over ``limit`` bytes
+    (``ISIZE``, the input's length modulo 2**32: RFC 1952, section 2.3.1), without inflating
+    it: cheap enough for the event loop. A stated size deflate cannot reach from this many
+    bytes (over :data:`MAX_DEFLATE_RATIO` times the body) is not a size but the tail of a
+    truncated or padded stream, and is left to :func:`decompress` to name; so is a trailer that
+    understates the size, which inflating up to ``limit`` catches. Other encodings pass.
+
+    Raises:
+        PayloadTooLarge: the trailer states more than ``limit`` bytes.
+    """
+    if encoding.strip().lower() != b"gzip" or body[:2] != GZIP_MAGIC \
+            or len(body) < GZIP_MIN_BYTES:
+        return
+    stated = int.from_bytes(body[-4:], "little")
+    if limit < stated <= MAX_DEFLATE_RATIO * len(body):
+        raise PayloadTooLarge(f"decompressed body would be {stated} bytes (its gzip trailer "
+                              f"says), over the limit of {limit} bytes")
+
+
+def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    """Undo a ``Content-Encoding`` of ``gzip`` or ``deflate`` (``identity`` passes through).
+
+    A gzip body whose trailer states more than ``limit`` is refused before any of it is
+    inflated (:func:`check_stated_size`); inflating never goes past ``limit + 1`` bytes.
+
+    Raises:
+        InvalidInput: another encoding (415); a corrupt stream, a bad checksum or length, a
+            stream that does not end, or bytes after its end (trailing junk, a second gzip
+            member) (400).
+        PayloadTooLarge: the decompressed body would exceed ``limit`` bytes.
+    """
+    name = encoding.strip().lower()
+    if name == b"identity":
+        return body
+    if name not in (b"gzip", b"deflate"):
+        raise InvalidInput(f"Content-Encoding {name.decode(errors='replace')!r} is not supported; "
+                           "use gzip, deflate or none", 415)
+    check_stated_size(body, name, limit)
+    inflater = zlib.decompressobj(wbits=47 if name == b"gzip" else 15)  # 47: gzip or zlib header
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"body is not valid {name.decode()} data: {exc}", 400) from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
+    # zlib checks the CRC/Adler-32 trailer only once it reaches it: a stream must end, and
+    # end the body (no junk, no second gzip member: RFC 9110 names one coding, one stream)
+    if not inflater.eof:
+        raise InvalidInput(f"body is not valid {name.decode()} data: the stream is truncated "
+                           "(no end and checksum)", 400)
+    if inflater.unused_data:
+        raise InvalidInput(f"body is not valid {name.decode()} data: "
+                           f"{len(inflater.unused_data)} bytes follow the end of the stream "
+                           "(trailing data or a second member)", 400)
+    return out
+
+
+def parse_timeout_header(value: bytes) -> float:
+    """Parse ``X-Request-Timeout-Ms`` (milliseconds, > 0) into seconds.
+
+    Raises:
+        InvalidInput: not a positive finite number (400).
+    """
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = float("nan")
+    if not (ms > 0 and ms < float("inf")):
+        raise InvalidInput(f"X-Request-Timeout-Ms must be a positive number of milliseconds, "
+                           f"got {value.decode(errors='replace')!r}", 400)
+    return ms / 1000.0
+
+
+def preview(value: Any, limit: int = 40) -> str:
+    """``value`` as JSON for an error message, cut to ``limit`` characters. A value nested too
+    deep for orjson's encoder (254 levels) is named by its type: rendering an error must never
+    fail itself."""
+    try:
+        return orjson.dumps(value).decode()[:limit]
+    except TypeError:  # orjson.JSONEncodeError: recursion limit, or an unsupported object
+        return f"a {type(value).__name__} nested too deep to show"
+
+
+def _check_rows(n_rows: int, max_rows: int | None) -> None:
+    if max_rows is not None:
+        check_fits(n_rows, max_rows)
+
+
+def _loads(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(json_error(body, exc), 400) from None
+
+
+def json_error(body: bytes, exc: ValueError) -> str:
+    """The message for a body that is not JSON: what the parser found, and a hint when the
+    body holds ``NaN`` or ``Infinity`` (Python's ``json.dumps`` writes them; JSON has no such
+    numbers)."""
+    message = f"malformed JSON: the body is not valid JSON ({exc})"
+    if b"NaN" in body or b"Infinity" in body:
+        message += "; NaN and Infinity are not valid JSON numbers"
+    return message
+
+
+def _to_matrix(data: list[Any], field: str, integers: bool, expected: str) -> np.ndarray:
+    _check_numbers(data, field, integers, expected)
+    try:
+        x = np.array(data, dtype=np.float64)
+    except ValueError:
+        raise InvalidInput(f"{field}: rows must all have the same length") from None
+    return x
+
+
+def _check_numbers(values: list[Any], field: str, integers: bool, expected: str,
+                   depth: int = 1) -> None:
+    """Reject anything but finite numbers (bools, strings and nulls included), flat or as rows
+    (at most two levels: a matrix)."""
+    kinds = set(map(type, values))
+    if kinds <= _NUMBER_TYPES:
+        if integers and float in kinds:
+            raise InvalidInput(f"{field}: INT64 tensor holds non-integer values")
+        if integers and values and (max(values) > INT64_EXACT or min(values) < -INT64_EXACT):
+            raise InvalidInput(f"{field}: INT64 values beyond 2**53 cannot be represented "
+                               "exactly; they are refused, not rounded")
+        return
+    if list in kinds:
+        if depth >= 2:
+            raise InvalidInput(f"{field}: nested deeper than rows of numbers; expected {expected}")
+        for row in values:
+            if type(row) is not list:
+                raise InvalidInput(f"{field}: mixes nested lists with {type(row).__name__} values")
+            _check_numbers(row, field, integers, expected, depth + 1)
+        return
+    bad = next(v for v in values if type(v) not in _NUMBER_TYPES)
+    raise InvalidInput(f"{field}: values must be numbers, got {preview(bad)}")
+
+
+def _requested_outputs(raw: Any, known: Sequence[str]) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(o, dict) and "name" in o for o in raw):
+        raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
+    if not raw:
+        raise InvalidInput(f"outputs: an empty list asks for no output; omit 'outputs' for all "
+                           f"of {list(known)}, or name at least one")
+    names = tuple(o["name"] for o in raw)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        shown = [n if isinstance(n, str) else preview(n) for n in unknown]
+        raise InvalidInput(f"outputs: unknown output(s) {shown}; this model has {list(known)}")
+    return names
+
+
+def _request_id(raw: Any) -> str | None:
+    if raw is None or isinstance(raw, str):
+        return raw
+    raise InvalidInput("'id' must be a string")
+
+
+def _timeout_us(parameters: Any) -> float | None:
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be an object")
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if type(timeout) not in _NUMBER_TYPES or not timeout > 0:
+        raise InvalidInput(f"parameters.timeout must be a positive number of microseconds, "
+                           f"got {preview(timeout)}")
+    return float(timeout)
+
+
+def _flat(value: np.ndarray) -> Any:
+    flat = value.ravel()
+    if flat.dtype.kind in "OUS":
+        return [str(v) for v in flat.tolist()]
+    return flat
