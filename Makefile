@@ -40,7 +40,6 @@ up: install
 	$(VENV)/bin/tailguard up $(EXAMPLE) --port $(PORT)
 
 KUBE_VERSION ?= v1.37.2
-CLUSTER_TESTS := tests/operator tests/chart/test_chart_install.py
 
 # hack/kube/build.py prints progress on stderr and the folder of binaries on stdout; without Go
 # it stops with one line saying so. Two pytest-xdist workers: the control-plane tests in one
@@ -53,7 +52,7 @@ test: install-test
 test-kube: install-test
 	@bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" \
-	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest $(CLUSTER_TESTS)
+	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -m cluster
 
 # The copies are real files (no symlinks); tests/test_crd_copies.py fails while they differ.
 crds:

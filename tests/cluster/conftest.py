@@ -1,0 +1,99 @@
+"""Fixtures of the tests on the real Kubernetes control plane (every test here is marked
+``cluster``).
+
+``cluster`` starts one control plane per test session (only when a test asks for it), built from
+upstream by ``hack/kube/build.py``; ``installed`` is the Helm chart installed on it; ``namespace``
+gives each test a namespace of its own, deleted afterwards; ``admin`` is a client acting as the
+cluster admin; ``scene`` is one test's namespace with the chart installed and its operator run
+per test (``scene.operator()``). The Kubernetes version is ``$TAILGUARD_KUBE_VERSION`` (default:
+``hack/kube/build.py``'s). Without Go the control plane cannot be built, and the tests that need
+it fail with one line saying so: they are never skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from harness.hack import load
+from harness.kube.audit import AuditLog
+from harness.kube.client import ApiError, Client, wait_for
+from harness.kube.controlplane import ControlPlane, ControlPlaneError, bindir
+from harness.kube.install import Installation, install
+from harness.scene import Scene
+
+KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", load("build").DEFAULT_TAG)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A running control plane (etcd, API server, controller manager, scheduler, kwok)."""
+    try:
+        binaries = bindir(KUBE_VERSION)
+        for attempt in (1, 2):  # a free port can be taken between choosing and binding it
+            plane = ControlPlane(binaries, tmp_path_factory.mktemp("cluster"), KUBE_VERSION)
+            try:
+                plane.start()
+                break
+            except ControlPlaneError:
+                if attempt == 2:
+                    raise
+    except ControlPlaneError as exc:
+        pytest.fail(f"no Kubernetes control plane: {exc}", pytrace=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def admin(cluster: ControlPlane) -> Iterator[Client]:
+    """A client acting as the cluster admin (group ``system:masters``)."""
+    client = Client(cluster.admin.kubeconfig)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def installed(cluster: ControlPlane, admin: Client) -> Iterator[Installation]:
+    """The chart installed with the real ``helm`` (release ``tailguard`` in
+    ``tailguard-system``, CRD included); its operator is started per test
+    (:meth:`Installation.start_operator`)."""
+    installation = install(cluster, admin)
+    try:
+        yield installation
+    finally:
+        for proc in installation.processes:
+            installation.stop_operator(proc)
+
+
+@pytest.fixture
+def namespace(admin: Client, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted when the test ends: its InferenceServices at
+    once (so the next test's operator does not resume them), the rest by the namespace
+    controller, not waited for."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40]
+    name = f"t-{stem.strip('-')}-{uuid.uuid4().hex[:5]}"
+    admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    # As in a real cluster, pods are admitted only once the namespace has its ServiceAccount.
+    wait_for(lambda: admin.get("serviceaccounts", name, "default"),
+             what=f"the default ServiceAccount in {name}")
+    yield name
+    with contextlib.suppress(ApiError):  # no CRD yet: nothing to delete
+        admin.request("DELETE", admin.path("inferenceservices", name))
+    admin.delete("namespaces", None, name)
+
+
+@pytest.fixture
+def scene(cluster: ControlPlane, admin: Client, installed: Installation, namespace: str,
+          tmp_path: Path) -> Scene:
+    """One test's namespace, seen and acted on through the real API server."""
+    audit = AuditLog(cluster.audit_log)
+    return Scene(admin=admin, namespace=namespace, installation=installed, audit=audit,
+                 logs=tmp_path / "operator.log", start=audit.mark())

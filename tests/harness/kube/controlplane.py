@@ -1,0 +1,375 @@
+"""Start and stop a Kubernetes control plane on 127.0.0.1, as a real cluster runs one.
+
+:class:`ControlPlane` runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+kwok (binaries from ``hack/kube/build.py``) as child processes with free loopback ports, each
+with its own client certificate, and waits until the cluster has what a real one has before a
+test runs: a ready API server, the ``default`` ServiceAccount, and Ready nodes without the
+not-ready taint. The API server authorizes with ``Node,RBAC``, runs the default admission plugins
+plus ``NodeRestriction``, signs service account tokens, and writes an audit log of every write
+(:mod:`.audit`). Nodes are kwok's: their pods exist only as API objects, and kwok marks them
+Running and Ready, so Deployments report Ready replicas.
+
+There are no containers, kubelet, kube-proxy or images: no pod runs a process, and a Service's
+cluster IP leads nowhere. Every process is ended by its PID in :meth:`ControlPlane.stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import yaml
+
+from . import pki
+from harness import REPO
+
+SERVICE_CIDR = "10.96.0.0/24"
+"""Cluster IPs the API server hands out (addresses in API objects only: nothing routes there)."""
+SERVICE_ISSUER = "https://kubernetes.default.svc.cluster.local"
+NODES = ("kwok-node-0", "kwok-node-1")
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+NODE_SIZE = {"cpu": "1k", "memory": "4Ti", "pods": "2k"}
+START_TIMEOUT_S = 90.0
+"""How long the whole control plane may take to become usable (it needs about 10 s here)."""
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        # Everything the operator's ServiceAccount does (the chart's namespace), reads included
+        # and with the bodies it sends: tests wait for its passes and read its writes.
+        {"level": "Request", "userGroups": ["system:serviceaccounts:tailguard-system"]},
+        # Everyone else's reads are not counted; every other request is logged.
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {"level": "Metadata"},
+    ],
+}
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or to become ready (the message names it and its log)."""
+
+
+@dataclass
+class Identity:
+    """A client of the API server: its user name and a kubeconfig that authenticates as it."""
+
+    user: str
+    kubeconfig: Path
+
+
+@dataclass
+class ControlPlane:
+    """A control plane of ``version`` (e.g. ``v1.37.2``) run from ``bindir`` in ``workdir``."""
+
+    bindir: Path
+    workdir: Path
+    version: str
+    url: str = ""
+    identities: dict[str, Identity] = field(default_factory=dict)
+    _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    _authority: pki.Authority | None = None
+
+    @property
+    def ca(self) -> Path:
+        """The cluster CA certificate (PEM)."""
+        assert self._authority is not None
+        return self._authority.pair.cert
+
+    @property
+    def admin(self) -> Identity:
+        """The cluster admin (group ``system:masters``)."""
+        return self.identities["admin"]
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (JSON lines, one event per write)."""
+        return self.workdir / "audit.log"
+
+    def binary(self, name: str) -> str:
+        """Path of one of the built binaries."""
+        return str(self.bindir / name)
+
+    def start(self) -> None:
+        """Start every component and wait until the cluster is usable.
+
+        Raises:
+            ControlPlaneError: a component exited or did not become ready in time.
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            self._pki()
+            etcd = self._start_etcd()
+            self._start_apiserver(etcd)
+            self._wait(deadline, "kube-apiserver", self._apiserver_ready)
+            self._start_controllers()
+            self._create_nodes()
+            self._wait(deadline, "the default ServiceAccount", self._default_service_account)
+            self._wait(deadline, "Ready kwok nodes", self._nodes_ready)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """End every process this control plane started, newest first, by PID, each before
+        the next (an API server whose etcd is gone hangs in its graceful shutdown)."""
+        for _, proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+        self._procs.clear()
+
+    def kubectl(self, *args: str, identity: str = "admin", input: str | None = None,
+                check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the built ``kubectl`` as ``identity``; text in and out.
+
+        Raises:
+            subprocess.CalledProcessError: ``check`` and a non-zero exit (stderr attached).
+        """
+        return subprocess.run(
+            [self.binary("kubectl"), "--kubeconfig", str(self.identities[identity].kubeconfig),
+             *args], input=input, capture_output=True, text=True, check=check, timeout=timeout)
+
+    def token_identity(self, name: str, *, namespace: str, service_account: str,
+                       duration_s: int = 7200) -> Identity:
+        """A kubeconfig that authenticates with a bound token of a ServiceAccount (what a pod
+        running under it presents), from the TokenRequest API; valid ``duration_s`` seconds.
+
+        Raises:
+            subprocess.CalledProcessError: kubectl could not create the token.
+        """
+        token = self.kubectl("create", "token", service_account, "-n", namespace,
+                             f"--duration={duration_s}s").stdout.strip()
+        user = f"system:serviceaccount:{namespace}:{service_account}"
+        identity = Identity(user, self._kubeconfig(name, {"token": token}, namespace=namespace))
+        self.identities[name] = identity
+        return identity
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _pki(self) -> None:
+        folder = self.workdir / "pki"
+        folder.mkdir(exist_ok=True)
+        authority = self._authority = pki.Authority(folder)
+        self._serving = authority.serving(
+            "apiserver", dns=["localhost", "kubernetes", "kubernetes.default",
+                              "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
+            ips=["127.0.0.1", "10.96.0.1"])
+        self._sa_key = pki.signing_key(folder)
+        for name, user, groups in (
+                ("admin", "tailguard-test-admin", ("system:masters",)),
+                ("kube-controller-manager", "system:kube-controller-manager", ()),
+                ("kube-scheduler", "system:kube-scheduler", ()),
+                # kwok plays the kubelets of many nodes; the Node authorizer only lets a kubelet
+                # touch its own node, so kwok runs as an admin of its own name.
+                ("kwok", "kwok-controller", ("system:masters",))):
+            pair = authority.client(name, user=user, groups=groups)
+            self.identities[name] = Identity(user, self._kubeconfig(
+                name, {"client-certificate": str(pair.cert), "client-key": str(pair.key)}))
+
+    def _kubeconfig(self, name: str, user: dict[str, str], namespace: str = "default") -> Path:
+        path = self.workdir / f"{name}.kubeconfig"
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": name,
+            "clusters": [{"name": "test", "cluster": {
+                "server": self.url or "https://127.0.0.1:0",
+                "certificate-authority": str(self.workdir / "pki" / "ca.crt")}}],
+            "users": [{"name": name, "user": user}],
+            "contexts": [{"name": name, "context": {"cluster": "test", "user": name,
+                                                     "namespace": namespace}}],
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def _spawn(self, name: str, args: Iterable[str]) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (child owns it)
+        proc = subprocess.Popen([self.binary(name.split("#")[0]), *args], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=self.workdir, preexec_fn=end_with_parent)
+        log.close()
+        self._procs.append((name, proc))
+        return proc
+
+    def _start_etcd(self) -> str:
+        client, peer = free_port(), free_port()
+        url = f"http://127.0.0.1:{client}"
+        self._spawn("etcd", [
+            "--name=test", f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=test=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296"])
+        return url
+
+    def _start_apiserver(self, etcd: str) -> None:
+        port = free_port()
+        self.url = f"https://127.0.0.1:{port}"
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        for name, identity in self.identities.items():  # the port is known only now
+            config = yaml.safe_load(identity.kubeconfig.read_text())
+            config["clusters"][0]["cluster"]["server"] = self.url
+            identity.kubeconfig.write_text(yaml.safe_dump(config))
+        self._spawn("kube-apiserver", [
+            f"--etcd-servers={etcd}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            # A loopback advertise address is refused by the endpoint reconciler; no pod ever
+            # reaches the kubernetes Service here anyway.
+            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={self._serving.cert}",
+            f"--tls-private-key-file={self._serving.key}",
+            f"--client-ca-file={self.ca}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--service-account-issuer={SERVICE_ISSUER}",
+            f"--service-account-key-file={self._sa_key.cert}",
+            f"--service-account-signing-key-file={self._sa_key.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json", "--audit-log-mode=blocking",
+            "--allow-privileged=true", f"--cert-dir={self.workdir / 'pki'}",
+            "--profiling=false", "-v=1"])
+
+    def _start_controllers(self) -> None:
+        kcm = self.identities["kube-controller-manager"].kubeconfig
+        self._spawn("kube-controller-manager", [
+            f"--kubeconfig={kcm}",
+            "--bind-address=127.0.0.1", "--secure-port=0",  # no HTTPS: no port to race for
+            f"--root-ca-file={self.ca}",
+            f"--service-account-private-key-file={self._sa_key.key}",
+            "--use-service-account-credentials=true", "--leader-elect=false",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--controllers=*", "--profiling=false", "-v=1"])
+        scheduler = self.identities["kube-scheduler"].kubeconfig
+        self._spawn("kube-scheduler", [
+            f"--kubeconfig={scheduler}",
+            "--bind-address=127.0.0.1", "--secure-port=0",  # no HTTPS: no port to race for
+            "--leader-elect=false", "--profiling=false", "-v=1"])
+        self._spawn("kwok", [
+            f"--kubeconfig={self.identities['kwok'].kubeconfig}",
+            f"--config={self.bindir / 'kwok-stages.yaml'}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            "--node-lease-duration-seconds=40", "--cidr=10.244.0.1/16",
+            "--node-ip=10.240.0.1", f"--server-address=127.0.0.1:{free_port()}"])
+
+    def _create_nodes(self) -> None:
+        for name in NODES:
+            node = {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name,
+                             "annotations": {KWOK_NODE_ANNOTATION: "fake",
+                                             "node.alpha.kubernetes.io/ttl": "0"},
+                             "labels": {"kubernetes.io/hostname": name, "type": "kwok",
+                                        "kubernetes.io/os": "linux",
+                                        "kubernetes.io/arch": "amd64"}},
+                # Room for hundreds of runtime pods (kwok's own default size): nothing here
+                # runs them, and tests make pods wait by cordoning, not by filling nodes.
+                "status": {"allocatable": NODE_SIZE, "capacity": NODE_SIZE},
+            }
+            self.kubectl("create", "-f", "-", input=json.dumps(node))
+
+    def _wait(self, deadline: float, what: str, ready: Callable[[], bool]) -> None:
+        while True:
+            for name, proc in self._procs:
+                if proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with {proc.returncode} while waiting for {what}; "
+                        f"see {self.workdir / 'logs' / (name + '.log')}:\n{self._tail(name)}")
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"timed out waiting for {what}; logs in "
+                                        f"{self.workdir / 'logs'}")
+            time.sleep(0.2)
+
+    def _tail(self, name: str, lines: int = 15) -> str:
+        try:
+            text = (self.workdir / "logs" / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _apiserver_ready(self) -> bool:
+        pki_dir = self.workdir / "pki"
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(pki_dir / "admin.crt"), str(pki_dir / "admin.key"))
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", context=context, timeout=2) as r:
+                return bool(r.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    def _get_json(self, *args: str) -> Any:
+        done = self.kubectl("get", *args, "-o", "json", check=False)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def _default_service_account(self) -> bool:
+        return self._get_json("serviceaccount", "default", "-n", "default") is not None
+
+    def _nodes_ready(self) -> bool:
+        nodes = (self._get_json("nodes") or {}).get("items", [])
+        if len(nodes) < len(NODES):
+            return False
+        for node in nodes:
+            conditions = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
+            taints = [t["key"] for t in node["spec"].get("taints", [])]
+            if conditions.get("Ready") != "True" or "node.kubernetes.io/not-ready" in taints:
+                return False
+        return True
+
+
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, never in a forked child
+
+
+def end_with_parent() -> None:
+    """In a child, before exec: ask Linux to send SIGTERM when the process that started it
+    dies (``PR_SET_PDEATHSIG``), so a killed test run leaves nothing running behind."""
+    _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bindir(tag: str) -> Path:
+    """The folder of built binaries for ``tag``: ``$TAILGUARD_KUBE_BIN`` when set (``make test``
+    sets it after building), else whatever ``hack/kube/build.py`` builds or finds cached.
+
+    Raises:
+        ControlPlaneError: the build failed or Go is missing (the message says which).
+    """
+    explicit = os.environ.get("TAILGUARD_KUBE_BIN")
+    if explicit:
+        return Path(explicit)
+    script = REPO / "hack" / "kube" / "build.py"
+    done = subprocess.run([shutil.which("python3") or "python3", str(script), "--tag", tag],
+                          stdout=subprocess.PIPE, text=True)  # progress goes to our stderr
+    if done.returncode != 0:
+        raise ControlPlaneError(f"{script} failed (exit {done.returncode}); see its last line "
+                                "above")
+    return Path(done.stdout.strip().splitlines()[-1])

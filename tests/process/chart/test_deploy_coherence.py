@@ -1,0 +1,441 @@
+"""The images, the chart, the operator's manifests, the examples and the kind path agree.
+
+No Docker engine or cluster runs here, so this is how the cluster path stays coherent by
+construction: image names and tags, the port, the config path and the entry commands are read
+from each place that states them (Dockerfiles, chart values and templates, manifests.py,
+scripts/kind-demo.sh in DRY_RUN mode, kind-config.yaml, examples/) and compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pytest
+import yaml
+
+from tailguard.operator import manifests
+from tailguard.spec import resource
+from tailguard.operator.settings import OperatorSettings
+from tailguard_runtime.models import load_dataset
+from tailguard_runtime.wire import decode_v2
+
+from harness.chart import (CHART, REPO, Helm, demo_commands, env_of, find_commands, flag_values, one,
+                      operator_container, validate_object)
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+VERSION = PYPROJECT["project"]["version"]
+CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+RUNTIME_IMAGE = f"tailguard/runtime:{VERSION}"
+OPERATOR_IMAGE = f"tailguard/operator:{VERSION}"
+CLI_ENV = {"TAILGUARD_NAMESPACES", "TAILGUARD_PEERING", "TAILGUARD_LIVENESS_ENDPOINT"}
+"""Variables the chart sets that `tailguard operator` itself reads (the rest are
+OperatorSettings fields)."""
+POD_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
+              "app.kubernetes.io/component", "app.kubernetes.io/managed-by",
+              "tailguard.dev/inferenceservice", "tailguard.dev/role"}
+
+
+# --- Dockerfiles ----------------------------------------------------------------------------
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def args(self, instruction: str) -> list[str]:
+        return [a for i, a in self.instructions if i == instruction]
+
+    def exec_form(self, instruction: str) -> list[str]:
+        (raw,) = self.args(instruction)
+        value = json.loads(raw)
+        assert isinstance(value, list), f"{instruction} must use the exec (JSON) form"
+        return value
+
+    def env(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for raw in self.args("ENV"):
+            for item in shlex.split(raw):
+                key, _, value = item.partition("=")
+                out[key] = value
+        return out
+
+
+def dockerfile(path: str) -> tuple[dict[str, str], list[Stage]]:
+    """Parse a Dockerfile into its global ARG defaults and its stages."""
+    text = (REPO / path).read_text(encoding="utf-8")
+    logical = re.sub(r"\\\n\s*", " ", "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in logical.splitlines():
+        if not line.strip():
+            continue
+        instruction, _, rest = line.strip().partition(" ")
+        instruction = instruction.upper()
+        if instruction == "FROM":
+            parts = rest.split()
+            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], parts[0])
+            stages.append(Stage(base, name))
+        elif instruction == "ARG" and not stages:
+            key, _, value = rest.partition("=")
+            args[key] = value
+        else:
+            stages[-1].instructions.append((instruction, rest.strip()))
+    return args, stages
+
+
+def options(argv: list[str]) -> dict[str, str]:
+    """``--flag value`` pairs of a command line."""
+    assert len(argv) % 2 == 0 and all(a.startswith("--") for a in argv[::2]), argv
+    return dict(zip(argv[::2], argv[1::2]))
+
+
+def docker_ignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore ``patterns`` leave ``path`` (relative, '/'-separated) out of the
+    build context: the last pattern matching the path or one of its parent folders decides;
+    ``!`` re-includes."""
+    excluded = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").strip("/")
+        regex = "".join("(.*/)?" if tok == "**/" else ".*" if tok == "**" else "[^/]*"
+                        if tok == "*" else "[^/]" if tok == "?" else re.escape(tok)
+                        for tok in re.findall(r"\*\*/|\*\*|\*|\?|[^*?]+", pattern))
+        parts = path.split("/")
+        prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        if any(re.fullmatch(regex, p) for p in prefixes):
+            excluded = not negate
+    return excluded
+
+
+DOCKERFILES = {"runtime": "runtime/Dockerfile", "operator": "operator/Dockerfile"}
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_image_is_multi_stage_slim_non_root_without_compilers(image: str) -> None:
+    args, stages = dockerfile(DOCKERFILES[image])
+    assert [s.name for s in stages] == ["build", None]
+    build, final = stages
+    assert build.base == final.base and final.base.startswith("python:3.11-slim")
+    required = PYPROJECT["project"]["requires-python"]
+    assert required == ">=3.11"
+    # Everything installs into a virtual environment that the final stage copies.
+    # ... pinned to the versions CI tests (constraints.txt).
+    assert any("pip install -c constraints.txt ." in run for run in build.args("RUN"))
+    assert final.args("COPY") == ["--from=build /opt/tailguard /opt/tailguard"]
+    assert final.env()["PATH"].startswith("/opt/tailguard/bin:")
+    for run in final.args("RUN"):
+        assert "apt-get" not in run and "pip install" not in run, run
+    assert final.args("USER") == ["10001:10001"]
+    assert any("--uid 10001" in run and "--gid 10001" in run for run in final.args("RUN"))
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_build_context_holds_what_the_image_copies_and_little_else(image: str) -> None:
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    build = dockerfile(DOCKERFILES[image])[1][0]
+    sources = [src for copy in build.args("COPY") for src in copy.split()[:-1]]
+    assert sorted(sources) == ["README.md", "constraints.txt", "operator/tailguard/",
+                               "pyproject.toml", "runtime/tailguard_runtime/"]
+    for source in sources:
+        root = REPO / source
+        assert root.exists(), source
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+        for file in files:
+            rel = file.relative_to(REPO).as_posix()
+            if "__pycache__" not in rel:
+                assert not docker_ignored(rel, patterns), f"{rel} is needed but .dockerignore drops it"
+    for outside in ("tests/chart/support.py", "bench/refmodel.py", ".git/HEAD", "charts/tailguard/Chart.yaml",
+                    "runtime/tailguard_runtime/__pycache__/x.pyc"):
+        assert docker_ignored(outside, patterns), outside
+
+
+def test_runtime_image_entry_point_and_environment() -> None:
+    final = dockerfile(DOCKERFILES["runtime"])[1][1]
+    assert final.exec_form("ENTRYPOINT") == ["tailguard-runtime"]
+    cmd = options(final.exec_form("CMD"))
+    assert cmd == {"--config": "/etc/tailguard/runtime.json", "--host": "0.0.0.0",
+                   "--port": str(manifests.PORT)}
+    assert final.args("EXPOSE") == [str(manifests.PORT)]
+    env = final.env()
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        assert env[var] == "1"
+
+
+def test_operator_image_entry_point_and_health_port(helm4: Helm) -> None:
+    final = dockerfile(DOCKERFILES["operator"])[1][1]
+    assert final.exec_form("ENTRYPOINT") == ["tailguard", "operator"]
+    container = operator_container(helm4.template())
+    assert "command" not in container and "args" not in container  # the image's entry point
+    endpoint = env_of(container)["TAILGUARD_LIVENESS_ENDPOINT"]
+    assert final.args("EXPOSE") == [endpoint.split(":")[2].split("/")[0]]
+
+
+def test_entry_points_are_the_distributions_console_scripts() -> None:
+    scripts = PYPROJECT["project"]["scripts"]
+    assert scripts == {"tailguard": "tailguard.cli.main:main",
+                       "tailguard-runtime": "tailguard_runtime.main:main"}
+    proc = subprocess.run([sys.executable, "-c", "import sys; from tailguard.cli.main import "
+                           "main; sys.exit(main(['operator', '--help']))"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_runtime_accepts_the_command_the_operator_gives_it(tmp_path: Path) -> None:
+    """argparse takes the pod's command; the process then fails only on the missing config."""
+    container = _runtime_container("primary", OperatorSettings())
+    argv = container["command"][1:]
+    config = options(argv)["--config"]
+    argv[argv.index(config)] = str(tmp_path / "missing.json")
+    proc = subprocess.run([sys.executable, "-m", "tailguard_runtime", *argv],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "usage:" not in proc.stderr and "FileNotFoundError" in proc.stderr, proc.stderr
+
+
+# --- the operator's manifests ---------------------------------------------------------------
+
+def _digits() -> resource.InferenceService:
+    return resource.load_file((REPO / "examples/digits.yaml").read_text(encoding="utf-8"))
+
+
+def _runtime_pod(role: str, settings: OperatorSettings) -> Mapping[str, Any]:
+    deployment = manifests.deployment(_digits(), manifests.Owner("digits", "uid-1"), role,
+                                      settings)
+    return deployment["spec"]["template"]  # type: ignore[no-any-return]
+
+
+def _runtime_container(role: str, settings: OperatorSettings) -> dict[str, Any]:
+    (container,) = _runtime_pod(role, settings)["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("role", manifests.ROLES)
+def test_runtime_pods_run_the_image_as_its_dockerfile_says(role: str) -> None:
+    final = dockerfile(DOCKERFILES["runtime"])[1][1]
+    pod = _runtime_pod(role, OperatorSettings())
+    container = _runtime_container(role, OperatorSettings())
+    command = container["command"]
+    assert command[:1] == final.exec_form("ENTRYPOINT")
+    assert options(command[1:]) == {**options(final.exec_form("CMD")), "--role": role}
+    assert container["ports"] == [{"name": "http", "containerPort": int(final.args("EXPOSE")[0]),
+                                   "protocol": "TCP"}]
+    config = options(command[1:])["--config"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume = {v["name"]: v for v in pod["spec"]["volumes"]}[mounts[posixpath.dirname(config)]]
+    assert volume["configMap"]["name"] == manifests.child_name("digits", "ConfigMap")
+    assert posixpath.basename(config) == manifests.CONFIG_KEY
+    uid = int(final.args("USER")[0].split(":")[0])
+    assert pod["spec"]["securityContext"]["runAsUser"] == uid
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert all(final.env()[k] == v for k, v in env.items() if k.endswith("_THREADS"))
+    assert POD_LABELS <= set(pod["metadata"]["labels"])
+    assert pod["metadata"]["labels"]["tailguard.dev/role"] == role
+
+
+def test_pod_monitor_selects_the_runtime_pods_on_their_http_port(helm4: Helm) -> None:
+    monitor = one(helm4.template({"podMonitor": {"enabled": True}}), "PodMonitor")["spec"]
+    for role in manifests.ROLES:
+        pod = _runtime_pod(role, OperatorSettings())
+        labels = pod["metadata"]["labels"]
+        assert monitor["selector"]["matchLabels"].items() <= labels.items()
+        (container,) = pod["spec"]["containers"]
+        ports = {p["name"] for p in container["ports"]}
+        assert [e["port"] for e in monitor["podMetricsEndpoints"]] == ["http"]
+        assert "http" in ports and monitor["podMetricsEndpoints"][0]["path"] == "/metrics"
+
+
+def test_chart_environment_configures_the_operator(helm4: Helm) -> None:
+    env = env_of(operator_container(helm4.template()))
+    fields = {f"TAILGUARD_{name.upper()}" for name in OperatorSettings.__dataclass_fields__}
+    assert set(env) - {"POD_ID"} <= fields | CLI_ENV, set(env) - fields - CLI_ENV
+    settings = OperatorSettings.from_env(env)
+    container = _runtime_container("primary", settings)
+    assert container["image"] == RUNTIME_IMAGE
+    assert container["imagePullPolicy"] == VALUES["runtime"]["image"]["pullPolicy"]
+    assert container["resources"] == VALUES["runtime"]["resources"]
+
+
+def test_operator_defaults_match_the_chart_defaults() -> None:
+    """`tailguard operator` run by hand (outside the chart) builds the same pods."""
+    settings = OperatorSettings()
+    runtime = VALUES["runtime"]
+    assert settings.runtime_image == RUNTIME_IMAGE
+    assert settings.image_pull_policy == runtime["image"]["pullPolicy"]
+    assert settings.cpu_request == runtime["resources"]["requests"]["cpu"]
+    assert settings.memory_request == runtime["resources"]["requests"]["memory"]
+    assert settings.memory_limit == runtime["resources"]["limits"]["memory"]
+    assert settings.pre_stop_seconds == runtime["preStopSeconds"]
+
+
+def _operator_kopf_run(helm: Helm, monkeypatch: pytest.MonkeyPatch, values: dict[str, Any],
+                       pod: str) -> dict[str, Any]:
+    """Run `tailguard operator` (the image's entry point) in the environment the chart gives
+    pod ``pod``, up to the call of ``kopf.run``; return that call's keyword arguments."""
+    import kopf
+
+    from tailguard.cli import main
+    from tailguard.operator import kube
+
+    env = env_of(operator_container(helm.template(values)))
+    for var in CLI_ENV:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in {**env, "POD_ID": pod}.items():
+        monkeypatch.setenv(var, value)
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(kopf, "configure", lambda **_: None)
+    monkeypatch.setattr(kopf, "run", lambda *a, **kw: calls.append({"args": a, **kw}))
+    # `tailguard operator` checks credentials before kopf starts; there are none here
+    monkeypatch.setattr(kube, "connect", lambda **_: None)
+    main.main(["operator"])
+    assert len(calls) == 1 and not calls[0]["args"], calls
+    return calls[0]
+
+
+def test_operator_command_runs_kopf_as_the_chart_configures_it(
+        helm4: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's watched namespaces, peering and liveness endpoint reach kopf.run."""
+    run = _operator_kopf_run(helm4, monkeypatch, {}, "tailguard-operator-a")
+    assert run.get("clusterwide") is True and not run.get("namespaces"), run
+    assert run.get("standalone") is True and not run.get("peering_name"), run
+    assert run.get("liveness_endpoint") == "http://0.0.0.0:8080/healthz", run
+
+    values = {"watchNamespaces": ["ml", "ml-staging"], "operator": {"replicas": 2},
+              "peering": {"enabled": True, "name": "ml-operators"}}
+    runs = [_operator_kopf_run(helm4, monkeypatch, values, pod)
+            for pod in ("tailguard-operator-a", "tailguard-operator-b")]
+    for run in runs:
+        assert not run.get("clusterwide") and list(run["namespaces"]) == ["ml", "ml-staging"], run
+        assert run.get("peering_name") == "ml-operators" and not run.get("standalone"), run
+    # kopf pauses every replica when peers share a priority: replicas must differ.
+    assert runs[0].get("priority") != runs[1].get("priority"), runs
+
+
+# --- versions, images and the kind path -----------------------------------------------------
+
+def test_versions_agree() -> None:
+    assert CHART_META["version"] == CHART_META["appVersion"] == VERSION
+    assert VALUES["runtime"]["image"] == {"repository": "tailguard/runtime", "tag": "",
+                                          "pullPolicy": "IfNotPresent"}
+    assert VALUES["operator"]["image"]["repository"] == "tailguard/operator"
+    for image, path in ((RUNTIME_IMAGE, "runtime/Dockerfile"), (OPERATOR_IMAGE, "operator/Dockerfile")):
+        assert f"docker build -t {image} -f {path} ." in (REPO / path).read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def demo() -> list[list[str]]:
+    """The commands `scripts/kind-demo.sh all` runs, as argv lists."""
+    return demo_commands("all")
+
+
+def test_kind_script_builds_loads_and_creates_what_the_files_name(demo: list[list[str]]) -> None:
+    kind_config = yaml.safe_load((REPO / "kind-config.yaml").read_text(encoding="utf-8"))
+    assert kind_config["kind"] == "Cluster" and kind_config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    assert [n["role"] for n in kind_config["nodes"]][0] == "control-plane"
+    cluster = kind_config["name"]
+    assert find_commands(demo, "kind", "create", "cluster") == [
+        ["kind", "create", "cluster", "--name", cluster, "--config", "kind-config.yaml"]]
+    assert find_commands(demo, "docker", "build") == [
+        ["docker", "build", "-t", RUNTIME_IMAGE, "-f", "runtime/Dockerfile", "."],
+        ["docker", "build", "-t", OPERATOR_IMAGE, "-f", "operator/Dockerfile", "."]]
+    assert find_commands(demo, "kind", "load") == [
+        ["kind", "load", "docker-image", RUNTIME_IMAGE, "--name", cluster],
+        ["kind", "load", "docker-image", OPERATOR_IMAGE, "--name", cluster]]
+    assert find_commands(demo, "kind", "delete") == [["kind", "delete", "cluster", "--name", cluster]]
+
+
+def test_kind_script_installs_the_chart_with_values_it_has(demo: list[list[str]], helm4: Helm) -> None:
+    (install,) = find_commands(demo, "helm", "upgrade", "--install", "tailguard", "charts/tailguard")
+    sets = [arg for flag in ("--set",) for arg in flag_values(install, flag)]
+    namespace = flag_values(install, "--namespace")[0]
+    objs = helm4.template(None, [f"--set={s}" for s in sets])
+    for obj in objs:
+        validate_object(obj, objs)
+    container = operator_container(objs)
+    assert container["image"] == OPERATOR_IMAGE
+    assert env_of(container)["TAILGUARD_RUNTIME_IMAGE"] == RUNTIME_IMAGE
+    assert one(objs, "PodMonitor") and one(objs, "Deployment")["metadata"]["namespace"] == "tailguard-system"
+    assert namespace == "tailguard-system"
+
+    # prometheus-adapter reads the chart's rules ConfigMap, in its own namespace, and the
+    # Prometheus that kube-prometheus-stack runs.
+    (adapter,) = find_commands(demo, "helm", "upgrade", "--install", "prometheus-adapter")
+    adapter_sets = dict(s.split("=", 1) for s in flag_values(adapter, "--set"))
+    adapter_ns = flag_values(adapter, "--namespace")[0]
+    rules = [o for o in objs if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {})]
+    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in rules] == [
+        (adapter_sets["rules.existing"], adapter_ns)]
+    (stack,) = find_commands(demo, "helm", "upgrade", "--install", "kps")
+    stack_sets = dict(s.split("=", 1) for s in flag_values(stack, "--set"))
+    stack_ns = flag_values(stack, "--namespace")[0]
+    assert adapter_sets["prometheus.url"] == (
+        f"http://{stack_sets['fullnameOverride']}-prometheus.{stack_ns}.svc")
+    assert stack_sets["prometheus.prometheusSpec.podMonitorSelectorNilUsesHelmValues"] == "false"
+    dashboards = [o for o in objs if o["kind"] == "ConfigMap" and "tailguard.json" in o["data"]]
+    assert dashboards[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_kind_script_serves_rolls_back_and_asks_the_right_questions(demo: list[list[str]]) -> None:
+    (apply,) = find_commands(demo, "kubectl", "apply")
+    example_path = flag_values(apply, "-f")[0]
+    example = yaml.safe_load((REPO / example_path).read_text(encoding="utf-8"))
+    name = example["metadata"]["name"]
+    waits = find_commands(demo, "kubectl", "wait")
+    assert waits[0][-3:] == [f"inferenceservice/{name}", "--timeout", "600s"]
+    assert "--for=condition=Ready" in waits[0]
+
+    patches = find_commands(demo, "kubectl", "patch")
+    roles = []
+    for patch in patches:
+        assert patch[4:6] == ["inferenceservice", name] and flag_values(patch, "--type") == ["merge"]
+        body = json.loads(flag_values(patch, "-p")[0])
+        patched = {**example, "spec": {**example["spec"], **body["spec"]}}
+        roles.append(resource.parse(patched).traffic)
+    assert roles == ["fallback", "primary"]
+    assert [w for w in waits[1:] if "--for=jsonpath={.status.activeModel}=fallback" in w]
+
+    posts = [c for c in find_commands(demo, "curl") if "--data" in c]
+    assert posts
+    x_features = load_dataset(example["spec"]["model"]["uri"].split("/")[2])[0].shape[1]
+    for post in posts:
+        assert post[-1].endswith(f"/v2/models/{name}/infer")
+        request = decode_v2(flag_values(post, "--data")[0].encode(), x_features,
+                            ["predict", "predict_proba"])
+        assert request.x.shape == (1, x_features)
+    forwards = find_commands(demo, "kubectl", "port-forward")
+    assert forwards and all(f"service/{name}" in f for f in forwards)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_examples_run_in_a_cluster_as_they_are(example: str) -> None:
+    isvc = resource.load_file((REPO / "examples" / example).read_text(encoding="utf-8"))
+    assert manifests.cluster_problems(isvc) == []
+
+
+def test_scripts_document_themselves() -> None:
+    """(test_kind_demo.py runs `bash -n` and shellcheck on every script.)"""
+    proc = subprocess.run(["bash", str(REPO / "scripts/kind-demo.sh"), "help"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "DRY_RUN=1" in proc.stdout
+    pins = re.findall(r'"(\S+)\s+(v[0-9.]+)\s+(\S+==\S+)\s+([0-9a-f]+)"',
+                      (REPO / "scripts/install-helm.sh").read_text(encoding="utf-8"))
+    assert [(p[0], p[1][:2]) for p in pins] == [("helm", "v4"), ("helm3", "v3")]
+    assert all(len(p[3]) == 64 for p in pins)
+    doc = (REPO / "docs/kind.md").read_text(encoding="utf-8")
+    for needle in (RUNTIME_IMAGE, OPERATOR_IMAGE, "scripts/kind-demo.sh", "sha256",
+                   "kind-config.yaml", "rules.existing=tailguard-adapter-rules"):
+        assert needle in doc, needle

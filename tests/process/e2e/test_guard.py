@@ -1,0 +1,206 @@
+"""End to end: the SLO guard inside a real `tailguard up` process, under bounded open-loop load
+from a separate process (`tailguard bench`, with one record per request), on 127.0.0.1 only.
+
+Windows are 1 s long so the suite stays fast. The only time bound asserted is the guard's own
+promise (rolled back within breachWindows x windowSeconds + 2 s of the end of the first breached
+window), read from the guard's own timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from harness.up import ROOT, TAILGUARD, Up, start_up
+
+SLOW_PRIMARY = """\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {name: guarded}
+spec:
+  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=300"}
+  fallback: {uri: builtin://iris/logistic-regression}
+  batching: {timeoutMs: 3000}
+  slo: {p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
+"""
+
+FAST_PRIMARY = """\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {name: busy}
+spec:
+  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=40"}
+  fallback: {uri: builtin://iris/logistic-regression}
+  batching: {maxBatchSize: 1, maxQueueSize: 8, timeoutMs: 2000}
+  slo: {p99LatencyMs: 200, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
+  scaling: {targetQueueDepth: 2}
+"""
+
+
+def stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class StatusPoller:
+    """Reads GET /tailguard/status every 0.1 s in a thread; keeps one entry per window."""
+
+    def __init__(self, up: Up) -> None:
+        self.url = f"{up.base}/tailguard/status"
+        self.windows: dict[str, dict[str, Any]] = {}
+        self.last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "StatusPoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=10) as http:
+            while not self._stop.is_set():
+                status = http.get(self.url).json()["status"]
+                self.last = status
+                observed = status.get("observed")
+                if observed:
+                    self.windows.setdefault(observed["windowEnd"], status)
+                time.sleep(0.1)
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return [self.windows[k] for k in sorted(self.windows, key=stamp)]
+
+
+def load(up: Up, name: str, tmp_path: Path, *, rate: float, duration_s: float) -> list[dict[str, Any]]:
+    """Run `tailguard bench` open loop to completion (no warm-up: the whole schedule is measured,
+    uniform arrivals); return one record per request. Its schedule lag on this shared machine is
+    not under test here, so the run's validity is not asserted."""
+    out = tmp_path / f"answers-{time.monotonic_ns()}.jsonl"
+    done = subprocess.run([*TAILGUARD, "bench", f"{up.base}/v2/models/{name}", "--rate", str(rate),
+                           "--arrivals", "uniform", "--duration", str(duration_s), "--warmup", "0",
+                           "--max-requests", "4000", "--max-lag-ms", "100000", "--json",
+                           "--records", str(out)],
+                          capture_output=True, text=True, timeout=duration_s + 60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def rollbacks(up: Up, name: str) -> dict[str, float]:
+    text = httpx.get(f"{up.base}/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'tailguard_rollbacks_total\{model="%s",reason="(\w+)"\} ([0-9.e+]+)' % name, text)}
+
+
+@pytest.fixture
+def slow(tmp_path: Path) -> Iterator[Up]:
+    spec = tmp_path / "slow.yaml"
+    spec.write_text(SLOW_PRIMARY)
+    server = start_up(spec)
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.fixture
+def busy(tmp_path: Path) -> Iterator[Up]:
+    spec = tmp_path / "busy.yaml"
+    spec.write_text(FAST_PRIMARY)
+    server = start_up(spec)
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_primary_too_slow_for_its_slo_is_rolled_back_on_its_own(slow: Up, tmp_path: Path) -> None:
+    with StatusPoller(slow) as poller:
+        answers = load(slow, "guarded", tmp_path, rate=40, duration_s=7)
+    windows = poller.ordered()
+
+    # no admitted request failed during the switch (nor was any refused at this load)
+    assert answers and {a["status"] for a in answers} == {200}
+    # it was rolled back, by the guard, once, for latency
+    status = poller.last
+    assert status["activeModel"] == "fallback" and status["guard"]["state"] == "rolledBack"
+    assert rollbacks(slow, "guarded") == {"latency": 1.0, "deadline": 0.0, "errors": 0.0}
+    printed = "".join(slow.printed)
+    assert "guarded: automatic rollback to the fallback: the primary breaks the SLO (p99=" in printed
+    assert "2 windows in a row" in printed
+    assert re.search(r"guarded: active=primary p99=[\d.]+ms/150ms .* guard=", printed)
+    assert "guard=rolled back" in printed
+    # within breachWindows x windowSeconds + 2 s of the end of the first breached window
+    first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
+                        and w["observed"]["slowFraction"] > 0.01)
+    rolled_at = stamp(status["guard"]["rolledBackAt"])
+    assert rolled_at - stamp(first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
+    # p99 is back under the SLO in the next window, on the fallback
+    after = [w for w in windows if stamp(w["observed"]["windowEnd"]) > rolled_at]
+    assert after[0]["observed"]["role"] == "fallback"
+    assert after[0]["observed"]["samples"] >= 10 and after[0]["observed"]["p99Ms"] <= 150
+    assert {c["type"]: c["status"] for c in after[0]["conditions"]} == {"SLOMet": "True",
+                                                                        "RolledBack": "True"}
+    # answers name the model: the primary before the first breach, the fallback after the switch
+    assert {a["role"] for a in answers if a["done"] < stamp(first_breach["observed"]["windowEnd"])
+            - 1} <= {"primary"}
+    late = [a["role"] for a in answers if a["sent"] > rolled_at + 0.5]
+    assert len(late) > 20 and set(late) == {"fallback"}
+
+    # `tailguard status` shows what the guard saw
+    done = subprocess.run([*TAILGUARD, "status", "guarded", "--port", str(slow.port)],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "SLO guard: rolledBack: rolled back automatically (the primary breaks the SLO" in \
+        done.stdout
+
+    # an explicit roll-forward re-arms the guard: the primary is judged again, and rolled back again
+    done = subprocess.run([*TAILGUARD, "rollforward", "guarded", "--port", str(slow.port)],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    with StatusPoller(slow) as poller:
+        answers = load(slow, "guarded", tmp_path, rate=40, duration_s=7)
+    assert {a["status"] for a in answers} == {200}
+    assert "rolled forward by hand: traffic on the primary, the SLO guard is re-armed" in "".join(
+        slow.printed)
+    assert poller.last["activeModel"] == "fallback"
+    assert rollbacks(slow, "guarded")["latency"] == 2.0
+
+
+def test_idle_and_overload_never_roll_back(busy: Up, tmp_path: Path) -> None:
+    # idle: several windows without traffic are Unknown, never a breach
+    with StatusPoller(busy) as poller:
+        time.sleep(4)
+    idle = poller.ordered()
+    assert len(idle) >= 2
+    for window in idle:
+        assert window["guard"]["state"] == "idle" and window["activeModel"] == "primary"
+        assert {c["type"]: (c["status"], c["reason"]) for c in window["conditions"]}["SLOMet"] == (
+            "Unknown", "InsufficientData")
+
+    # a primary fast for its SLO (40 ms calls, 200 ms SLO) but of small capacity (one row per
+    # call: about 24 req/s), offered 4x that for several windows. The capacity is small so that
+    # the generator outruns it even on a busy 2-core machine.
+    with StatusPoller(busy) as poller:
+        answers = load(busy, "busy", tmp_path, rate=100, duration_s=8)
+    windows = poller.ordered()
+    codes = {a["status"] for a in answers}
+    assert 429 in codes and 200 in codes and codes <= {200, 429}  # it shed load, nothing failed
+    assert sum(w["guard"]["state"] == "overload" for w in windows) >= 2
+    seen = [(w["observed"]["role"], w["guard"]["state"], w["guard"].get("lastDecisionReason"))
+            for w in windows]
+    assert all(w["activeModel"] == "primary" for w in windows), seen
+    assert poller.last["guard"].get("rolledBackAt") is None
+    assert set(rollbacks(busy, "busy").values()) == {0.0}
+    assert "automatic rollback" not in "".join(busy.printed)
+    assert {a["role"] for a in answers if a["status"] == 200} == {"primary"}

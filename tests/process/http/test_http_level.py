@@ -1,0 +1,140 @@
+"""Below the routes: malformed HTTP, Upgrade requests and bodies cut short, on a real server.
+
+Each case was reproduced against a running server: uvicorn answered malformed HTTP with
+``text/plain``, a WebSocket handshake with an empty 403, ran ``curl --http2``'s ``Upgrade: h2c``
+POST with an empty body, and ran a body cut short by the client through the model, counting a
+200. Now every error is the protocol's JSON, Upgrade is ignored, and a part of a body never runs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator
+
+import pytest
+
+from harness.runtime import (RuntimeServer, labels, probe_rows, probe_runtime, raw_exchange, scrape,
+                          v1_body)
+
+NAME = "wire"
+V1 = f"/v1/models/{NAME}:predict"
+
+
+@pytest.fixture(scope="module")
+def wire(tmp_path_factory: pytest.TempPathFactory,
+         probe_module: tuple[ModuleType, Path]) -> Iterator[tuple[RuntimeServer, Any]]:
+    with probe_runtime(probe_module, tmp_path_factory.mktemp("wire"), name=NAME) as served:
+        yield served
+
+
+def _post_head(length: int, *extra: str) -> bytes:
+    lines = [f"POST {V1} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
+             f"Content-Length: {length}", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+BODY = json.dumps(v1_body(probe_rows(2, seed=5))).encode()
+
+MALFORMED = {
+    "duplicate-content-length": (_post_head(len(BODY), f"Content-Length: {len(BODY) + 1}") + BODY,
+                                 400, "Content-Length"),
+    "bad-content-length": (_post_head(0).replace(b"Content-Length: 0", b"Content-Length: 1x"),
+                           400, "malformed HTTP request"),
+    "content-length-with-chunked": (_post_head(len(BODY), "Transfer-Encoding: chunked")
+                                    + b"0\r\n\r\n", 400, "Transfer-Encoding"),
+    "bare-lf": ("GET /v2/health/live HTTP/1.1\nHost: 127.0.0.1\n\n".encode(), 400,
+                "malformed HTTP request"),
+    "100-kb-path": (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414,
+                    "exceeds 8192 bytes"),
+    "connect": (b"CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1:80\r\n\r\n", 405, "CONNECT"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_http_gets_a_json_error_and_the_connection_closes(
+        wire: tuple[RuntimeServer, Any], case: str) -> None:
+    request, status, needle = MALFORMED[case]
+    server, _ = wire
+    got, headers, body = raw_exchange(server.port, request)
+    assert got == status, (got, body)
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    doc = json.loads(body)
+    assert set(doc) == {"error"} and needle in doc["error"], doc
+    with server.client() as client:  # and the server is fine
+        assert client.get("/v2/health/live").status_code == 200
+
+
+def test_an_h2c_upgrade_is_served_as_http11_with_its_body(wire: tuple[RuntimeServer, Any]) -> None:
+    """What ``curl --http2`` sends over plain HTTP; the body was lost (422 "no rows" or 400)."""
+    server, model = wire
+    upgrade = ("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c",
+               "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA")
+    rows = probe_rows(2, seed=5)
+    status, headers, body = raw_exchange(server.port, _post_head(len(BODY), *upgrade) + BODY)
+    assert status == 200, body
+    assert json.loads(body) == {"predictions": model.predict(rows).tolist()}
+    # chunked, in pieces, and followed by a plain request on the same connection
+    chunked = (f"POST {V1} HTTP/1.1\r\nHost: 127.0.0.1\r\n{upgrade[0]}\r\n{upgrade[1]}\r\n"
+               f"{upgrade[2]}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    pieces = [b"%x\r\n%s\r\n" % (len(BODY[:10]), BODY[:10]),
+              b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY[10:]), BODY[10:])]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(chunked)
+        for piece in pieces:
+            time.sleep(0.05)  # separate segments: the replayed parser keeps reading
+            sock.sendall(piece)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Connection: close\r\n\r\n")
+        replies = b""
+        while chunk := sock.recv(65536):
+            replies += chunk
+    first, second = replies.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200 ") and first.endswith(
+        json.dumps({"predictions": model.predict(rows).tolist()}, separators=(",", ":")).encode())
+    assert second.startswith(b"200 ") and second.endswith(b'{"live":true}')
+
+
+def test_a_websocket_handshake_is_answered_as_http(wire: tuple[RuntimeServer, Any]) -> None:
+    """uvicorn answered an empty 403 (no WebSocket route); there is no WebSocket here at all."""
+    server, _ = wire
+    handshake = ("Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+    for path, status, answer in (("/ws", 404, {"error": "Not Found"}),
+                                 ("/v2/health/live", 200, {"live": True})):
+        got, headers, body = raw_exchange(
+            server.port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{handshake}".encode())
+        assert got == status and headers["content-type"] == "application/json", (got, body)
+        assert json.loads(body) == answer
+
+
+@pytest.mark.parametrize("ending", ["close", "half-close"])
+def test_a_body_cut_short_is_never_run_nor_counted_as_a_success(
+        wire: tuple[RuntimeServer, Any], ending: str) -> None:
+    """A Content-Length larger than what arrives, then the client closes or half-closes: the
+    partial body once went through the model and counted as a 200."""
+    server, _ = wire
+    key, refusals = labels(NAME), ("tailguard_rejections_total",
+                                   labels(NAME, reason="incomplete_body"))
+    with server.client() as client:
+        before = scrape(client)
+        # a whole JSON document that would run, but shorter than its declared Content-Length
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(_post_head(len(BODY) + 10) + BODY)
+            if ending == "half-close":
+                sock.shutdown(socket.SHUT_WR)
+                assert sock.recv(65536) == b""  # the server closes without an answer
+        deadline = time.monotonic() + 30
+        while True:  # counted once the server sees the connection close
+            after = scrape(client)
+            if after[refusals] > before[refusals] or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    assert after[refusals] - before[refusals] == 1
+    for name in ("tailguard_batch_size_rows_count", "tailguard_request_duration_seconds_count"):
+        assert after[(name, key)] == before[(name, key)], name  # the model never ran
+    ok = ("tailguard_requests_total", labels(NAME, code="200"))
+    assert after[ok] == before[ok]

@@ -1,0 +1,31 @@
+"""``tailguard operator`` without a cluster: what it hands kopf."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def test_run_operator_hands_kopf_its_scope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tailguard operator`` is kopf.run with the namespaces, peering and settings given."""
+    import kopf
+    from tailguard.operator import handlers
+    from tailguard.operator.settings import OperatorSettings
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
+    settings = OperatorSettings(runtime_image="registry.example/rt:1")
+    handlers.run_operator(["team-a", "team-b"], settings=settings)
+    handlers.run_operator(None, peering="tailguard", liveness_endpoint="http://0.0.0.0:8080/h")
+    handlers.run_operator(None, peering="")  # what the chart passes without peering
+    first, second, third = calls
+    assert (first["clusterwide"], first["namespaces"], first["standalone"]) == \
+        (False, ["team-a", "team-b"], True)
+    assert first["memo"].tailguard == settings
+    assert (second["clusterwide"], second["standalone"], second["peering_name"]) == \
+        (True, False, "tailguard")
+    assert second["liveness_endpoint"] == "http://0.0.0.0:8080/h"
+    # Any peering name, even "", makes kopf's peering mandatory and pauses every watch.
+    assert (third["standalone"], third["peering_name"]) == (True, None)

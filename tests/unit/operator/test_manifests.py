@@ -1,0 +1,233 @@
+"""The manifest builders: every object valid for current Kubernetes (strict), and carrying what
+a served, autoscaled, politely terminated InferenceService needs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from harness.scene import BEHAVIOR, example
+
+from tailguard.operator import manifests
+from tailguard.spec import resource
+from tailguard.operator.settings import OperatorSettings
+from tailguard_runtime.settings import RuntimeSettings
+
+KUBERNETES_VERSIONS = ("1.34.0", "1.37.0")
+OWNER = manifests.Owner(name="ignored", uid="5a1c3e1e-0000-4000-8000-000000000001")
+SHA = "ab" * 32
+
+SPECS = {
+    "defaults": example("iris"),
+    "digits": example("digits"),
+    "behavior": example("iris", scaling={"minReplicas": 2, "maxReplicas": 10,
+                                         "targetQueueDepth": 4, "targetCPUUtilization": 60,
+                                         "behavior": BEHAVIOR}),
+    "files": example("iris",
+                     model={"uri": "file:///models/iris-forest.joblib", "sha256": SHA,
+                            "version": "2024-06"},
+                     fallback={"uri": "file:///models/iris-logreg.joblib", "sha256": "cd" * 32}),
+    "on-fallback": example("iris", traffic="fallback"),
+}
+
+
+def build(name: str, active: str = "primary", **settings: Any) -> list[dict[str, Any]]:
+    isvc = resource.parse(SPECS[name])
+    owner = manifests.Owner(name=isvc.name, uid=OWNER.uid)
+    children: list[dict[str, Any]] = manifests.children(
+        isvc, owner, OperatorSettings(**settings), active_role=active)
+    return children
+
+
+def by_kind(children: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [c for c in children if c["kind"] == kind]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_child_validates_strictly(name: str, version: str) -> None:
+    for active in manifests.ROLES:
+        for obj in build(name, active):
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_children_are_named_labelled_and_owned() -> None:
+    children = build("defaults")
+    assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
+        ("ConfigMap", "iris-runtime"), ("Deployment", "iris-primary"),
+        ("Deployment", "iris-fallback"), ("Service", "iris"),
+        ("HorizontalPodAutoscaler", "iris-primary"), ("HorizontalPodAutoscaler", "iris-fallback"),
+        ("PodDisruptionBudget", "iris-primary"), ("PodDisruptionBudget", "iris-fallback")]
+    for child in children:
+        meta = child["metadata"]
+        assert meta["namespace"] == "default"
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "tailguard.dev/v1alpha1", "kind": "InferenceService", "name": "iris",
+            "uid": OWNER.uid, "controller": True, "blockOwnerDeletion": True}]
+        assert meta["labels"]["app.kubernetes.io/name"] == "tailguard-runtime"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "iris"
+        assert meta["labels"]["app.kubernetes.io/component"] == "predictor"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "tailguard-operator"
+        assert meta["labels"]["app.kubernetes.io/part-of"] == "tailguard"
+        assert meta["labels"]["tailguard.dev/inferenceservice"] == "iris"
+        role = meta["name"].rpartition("-")[2]
+        if role in manifests.ROLES:
+            assert meta["labels"]["tailguard.dev/role"] == role
+        else:
+            assert "tailguard.dev/role" not in meta["labels"]
+
+
+@pytest.mark.parametrize("role", manifests.ROLES)
+def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
+    deployment = next(d for d in by_kind(build("digits"), "Deployment")
+                      if d["metadata"]["name"] == f"digits-{role}")
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "tailguard/runtime:0.1.0"
+    assert container["command"] == ["tailguard-runtime", "--config", "/etc/tailguard/runtime.json",
+                                    "--role", role, "--host", "0.0.0.0", "--port", "8080"]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["startupProbe"]["httpGet"]["port"] == "http"
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert container["resources"]["limits"] == {"memory": "1Gi"}  # no CPU limit
+    assert {"name": "config", "mountPath": "/etc/tailguard", "readOnly": True} in \
+        container["volumeMounts"]
+    assert pod["volumes"][0] == {"name": "config", "configMap": {"name": "digits-runtime"}}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    config = json.loads(manifests.config_map(resource.parse(SPECS["digits"]), OWNER, "primary")[
+        "data"]["runtime.json"])
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + config["drainGraceSeconds"]
+    assert deployment["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "tailguard-runtime", "app.kubernetes.io/instance": "digits",
+        "tailguard.dev/role": role}
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= \
+        template["metadata"]["labels"].items()
+    assert deployment["spec"]["replicas"] == 1
+    assert template["metadata"]["annotations"][manifests.CHECKSUM_ANNOTATION]
+
+
+def test_the_runtime_reads_the_config_map_and_a_switch_rolls_no_pods() -> None:
+    isvc = resource.parse(SPECS["files"])
+    on_primary = manifests.config_map(isvc, OWNER, "primary")
+    on_fallback = manifests.config_map(isvc, OWNER, "fallback")
+    config = json.loads(on_primary["data"]["runtime.json"])
+    assert config["activeModel"] == "primary"
+    assert json.loads(on_fallback["data"]["runtime.json"])["activeModel"] == "fallback"
+    settings = RuntimeSettings.from_config(config)
+    assert settings.name == "iris"
+    assert [(m.role, m.uri, m.sha256) for m in settings.models] == [
+        ("primary", "file:///models/iris-forest.joblib", SHA),
+        ("fallback", "file:///models/iris-logreg.joblib", "cd" * 32)]
+    assert settings.batching == isvc.batching
+    assert settings.stats_window_seconds == isvc.slo.window_seconds
+    assert settings.drain_grace_seconds == config["drainGraceSeconds"]
+    assert config["models"][0]["version"] == "2024-06"
+    one_role = {**config, "models": [m for m in config["models"] if m["role"] == "fallback"]}
+    assert [m.role for m in RuntimeSettings.from_config(one_role).models] == ["fallback"]
+
+    primary, fallback = (manifests.deployment(isvc, OWNER, role, OperatorSettings())
+                         for role in manifests.ROLES)
+    checksums = [d["spec"]["template"]["metadata"]["annotations"][manifests.CHECKSUM_ANNOTATION]
+                 for d in (primary, fallback)]
+    assert checksums == [manifests.config_checksum(isvc, role) for role in manifests.ROLES]
+
+
+def test_each_role_rolls_only_when_what_it_serves_changes() -> None:
+    def sums(isvc: resource.InferenceService) -> dict[str, str]:
+        return {role: manifests.config_checksum(isvc, role) for role in manifests.ROLES}
+
+    base = sums(resource.parse(example("iris")))
+    assert base["primary"] != base["fallback"]
+    batching = sums(resource.parse(example("iris", batching={"maxBatchSize": 8})))
+    assert all(batching[role] != base[role] for role in manifests.ROLES)
+    primary = sums(resource.parse(example(
+        "iris", model={"uri": "builtin://iris/random-forest?trees=7"})))
+    assert primary["primary"] != base["primary"] and primary["fallback"] == base["fallback"]
+    fallback = sums(resource.parse(example(
+        "iris", fallback={"uri": "builtin://iris/random-forest?trees=3"})))
+    assert fallback["fallback"] != base["fallback"] and fallback["primary"] == base["primary"]
+    assert sums(resource.parse(example("iris", traffic="fallback"))) == base
+
+
+def test_the_service_selects_the_active_role() -> None:
+    for active in manifests.ROLES:
+        (service,) = by_kind(build("defaults", active), "Service")
+        assert service["spec"]["selector"]["tailguard.dev/role"] == active
+        assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http",
+                                             "protocol": "TCP"}]
+
+
+def test_each_role_autoscales_on_queue_depth_and_cpu() -> None:
+    hpas = by_kind(build("behavior"), "HorizontalPodAutoscaler")
+    assert [h["spec"]["scaleTargetRef"]["name"] for h in hpas] == ["iris-primary", "iris-fallback"]
+    for hpa in hpas:
+        assert hpa["spec"]["minReplicas"] == 2 and hpa["spec"]["maxReplicas"] == 10
+        pods, cpu = hpa["spec"]["metrics"]
+        assert pods == {"type": "Pods", "pods": {
+            "metric": {"name": "tailguard_queue_depth"},
+            "target": {"type": "AverageValue", "averageValue": "4"}}}
+        assert cpu["resource"] == {"name": "cpu", "target": {"type": "Utilization",
+                                                             "averageUtilization": 60}}
+        assert hpa["spec"]["behavior"] == BEHAVIOR
+    (default_hpa, _) = by_kind(build("defaults"), "HorizontalPodAutoscaler")
+    assert "behavior" not in default_hpa["spec"]
+    raised = manifests.autoscaler(resource.parse(SPECS["defaults"]), OWNER, "fallback", 3)
+    assert raised["spec"]["minReplicas"] == 3
+
+
+def test_each_role_has_a_disruption_budget() -> None:
+    for pdb in by_kind(build("defaults"), "PodDisruptionBudget"):
+        role = pdb["metadata"]["name"].rpartition("-")[2]
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"]["tailguard.dev/role"] == role
+
+
+def test_operator_settings_reach_the_pods() -> None:
+    (deployment, _) = by_kind(build("defaults", runtime_image="registry.example/rt:9",
+                                    cpu_request="2", memory_limit="3Gi", pre_stop_seconds=0),
+                              "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example/rt:9"
+    assert container["resources"]["requests"]["cpu"] == "2"
+    assert container["resources"]["limits"] == {"memory": "3Gi"}
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "0"]
+
+
+def test_cluster_problems_name_the_missing_checksum() -> None:
+    assert manifests.cluster_problems(resource.parse(SPECS["files"])) == []
+    bare = resource.parse(example("iris", fallback={"uri": "file:///models/x.joblib"}))
+    (problem,) = manifests.cluster_problems(bare)
+    assert problem.startswith("spec.fallback.sha256: required")
+
+
+def test_a_bad_role_is_refused() -> None:
+    isvc = resource.parse(SPECS["defaults"])
+    with pytest.raises(ValueError, match="active_role"):
+        manifests.children(isvc, OWNER, OperatorSettings(), active_role="canary")
+    with pytest.raises(ValueError, match="role"):
+        manifests.child_name("iris", "Deployment", None)
+
+
+def test_urls_and_timings() -> None:
+    isvc = resource.parse(example("iris", batching={"timeoutMs": 30000}))
+    assert manifests.service_url(isvc) == "http://iris.default.svc/v2/models/iris/infer"
+    assert manifests.drain_grace_seconds(isvc) == 35
+    assert manifests.drain_grace_seconds(resource.parse(SPECS["defaults"])) == 10
+    assert manifests.termination_grace_seconds(isvc, OperatorSettings()) == 5 + 35 + 10
+
+
+def test_the_validator_is_not_silent() -> None:
+    """Guard for the strict validation above: a misspelt field fails it."""
+    (deployment, _) = by_kind(build("defaults"), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["cpuLimit"] = "1"
+    with pytest.raises(kubernetes_validate.ValidationError, match="cpuLimit"):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)

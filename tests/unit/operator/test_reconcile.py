@@ -1,0 +1,218 @@
+"""The pure reconcile rules: minimal merge patches, and when traffic may move."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from json_merge_patch import merge as apply_merge_patch
+from harness.scene import BEHAVIOR, example
+
+from tailguard.operator import manifests, reconcile
+from tailguard.spec import resource
+from tailguard.operator.settings import OperatorSettings
+
+OWNER = manifests.Owner(name="iris", uid="uid-1")
+
+
+def desired(kind: str, **spec_changes: Any) -> dict[str, Any]:
+    isvc = resource.parse(example("iris", **spec_changes))
+    for child in manifests.children(isvc, OWNER, OperatorSettings(), active_role="primary"):
+        if child["kind"] == kind:
+            return dict(child)
+    raise KeyError(kind)
+
+
+def stored(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as an API server returns it: server metadata, defaults and a status added."""
+    live = copy.deepcopy(obj)
+    live["metadata"].update(uid="child-uid", resourceVersion="7", generation=3,
+                            creationTimestamp="2025-01-01T00:00:00Z",
+                            managedFields=[{"manager": "tailguard"}])
+    live["status"] = {"observedGeneration": 3}
+    spec_ = live.get("spec") or {}
+    if obj["kind"] == "Deployment":
+        spec_["progressDeadlineSeconds"] = 600
+        for container in spec_["template"]["spec"]["containers"]:
+            container["terminationMessagePath"] = "/dev/termination-log"
+            container["readinessProbe"]["successThreshold"] = 1
+    if obj["kind"] == "Service":
+        spec_.update(clusterIP="10.0.0.1", sessionAffinity="None")
+    return live
+
+
+@pytest.mark.parametrize("kind", manifests.KIND_ORDER)
+def test_an_object_as_stored_needs_no_patch(kind: str) -> None:
+    assert reconcile.merge_patch(desired(kind), stored(desired(kind))) is None
+
+
+def test_a_changed_field_gives_a_patch_of_just_that_field() -> None:
+    live = stored(desired("HorizontalPodAutoscaler"))
+    want = desired("HorizontalPodAutoscaler", scaling={"maxReplicas": 9})
+    assert reconcile.merge_patch(want, live) == {"spec": {"maxReplicas": 9}}
+
+
+def test_deployment_replicas_are_never_patched() -> None:
+    live = stored(desired("Deployment"))
+    live["spec"]["replicas"] = 6  # the HPA scaled it
+    assert reconcile.merge_patch(desired("Deployment", scaling={"minReplicas": 2}), live) is None
+    want = desired("Deployment", batching={"maxBatchSize": 4})
+    patch = reconcile.merge_patch(want, live)
+    assert patch is not None and "replicas" not in patch["spec"]
+    assert apply_merge_patch(live, patch)["spec"]["replicas"] == 6
+
+
+def test_foreign_labels_and_annotations_are_left_alone() -> None:
+    live = stored(desired("Service"))
+    live["metadata"]["labels"]["team"] = "search"
+    live["metadata"]["annotations"] = {"example.com/x": "1"}
+    assert reconcile.merge_patch(desired("Service"), live) is None
+    live["metadata"]["labels"]["app.kubernetes.io/part-of"] = "someone-else"
+    assert reconcile.merge_patch(desired("Service"), live) == {
+        "metadata": {"labels": {"app.kubernetes.io/part-of": "tailguard"}}}
+
+
+def test_a_list_is_rewritten_whole_when_it_differs() -> None:
+    live = stored(desired("Deployment"))
+    container = live["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": "DEBUG", "value": "1"})
+    patch = reconcile.merge_patch(desired("Deployment"), live)
+    assert patch is not None
+    (patched,) = patch["spec"]["template"]["spec"]["containers"]
+    assert patched == desired("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert set(patch) == {"spec"} and set(patch["spec"]) == {"template"}
+
+
+def test_the_selector_follows_the_active_role() -> None:
+    isvc = resource.parse(example("iris"))
+    live = stored(manifests.service(isvc, OWNER, "primary"))
+    assert reconcile.merge_patch(manifests.service(isvc, OWNER, "fallback"), live) == {
+        "spec": {"selector": {"tailguard.dev/role": "fallback"}}}
+
+
+def test_behavior_is_replaced_whole_and_removed_when_dropped() -> None:
+    live = stored(desired("HorizontalPodAutoscaler", scaling={"behavior": BEHAVIOR}))
+    live["spec"]["behavior"]["scaleDown"]["selectPolicy"] = "Max"  # a server default: no change
+    assert reconcile.merge_patch(
+        desired("HorizontalPodAutoscaler", scaling={"behavior": BEHAVIOR}), live) is None
+
+    only_down = {"scaleDown": {"stabilizationWindowSeconds": 60}}
+    patch = reconcile.merge_patch(
+        desired("HorizontalPodAutoscaler", scaling={"behavior": only_down}), live)
+    assert patch is not None
+    assert apply_merge_patch(live, patch)["spec"]["behavior"] == only_down
+
+    patch = reconcile.merge_patch(desired("HorizontalPodAutoscaler"), live)
+    assert patch == {"spec": {"behavior": None}}
+    assert "behavior" not in apply_merge_patch(live, patch)["spec"]
+
+
+def test_an_orphan_is_adopted_beside_other_owners() -> None:
+    live = stored(desired("ConfigMap"))
+    other = {"apiVersion": "v1", "kind": "Secret", "name": "s", "uid": "u-2"}
+    live["metadata"]["ownerReferences"] = [other]
+    patch = reconcile.merge_patch(desired("ConfigMap"), live)
+    assert patch == {"metadata": {"ownerReferences": [other, manifests.owner_reference(OWNER)]}}
+    assert reconcile.controller_uid(live) is None
+    assert reconcile.controller_uid(apply_merge_patch(live, patch)) == "uid-1"
+
+
+def test_a_patch_applied_converges() -> None:
+    """Whatever was edited, applying the patch leaves nothing more to patch."""
+    live = stored(desired("Deployment"))
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
+    live["spec"]["template"]["metadata"]["annotations"]["tailguard.dev/config-checksum"] = "x"
+    live["metadata"]["labels"].pop("tailguard.dev/role")
+    patch = reconcile.merge_patch(desired("Deployment"), live)
+    assert patch is not None
+    assert reconcile.merge_patch(desired("Deployment"), apply_merge_patch(live, patch)) is None
+
+
+def test_replica_counts_of_live_deployments() -> None:
+    assert reconcile.ready_replicas(None) == 0
+    assert reconcile.ready_replicas({"status": {}}) == 0
+    assert reconcile.ready_replicas({"status": {"readyReplicas": 3}}) == 3
+    assert reconcile.desired_replicas({"spec": {"replicas": 2}}) == 2
+    assert reconcile.desired_replicas(None) == 0
+
+
+class TestPlanTraffic:
+    def plan(self, intent: str, current: str, primary: int, fallback: int,
+             minimum: int = 1, maximum: int = 5) -> reconcile.TrafficPlan:
+        return reconcile.plan_traffic(intent=intent, current=current,
+                                      ready={"primary": primary, "fallback": fallback},
+                                      min_replicas=minimum, max_replicas=maximum)
+
+    def test_no_move_wanted(self) -> None:
+        plan = self.plan("primary", "primary", 0, 0)
+        assert plan.active == "primary" and not plan.pending and not plan.switched
+        assert plan.min_replicas == {}
+
+    def test_a_rollback_waits_for_as_many_ready_replicas_as_serve_now(self) -> None:
+        plan = self.plan("fallback", "primary", 3, 2)
+        assert plan.pending and plan.active == "primary" and plan.needed == 3
+        assert plan.min_replicas == {"fallback": 3}
+        assert "2/3" in plan.message
+        plan = self.plan("fallback", "primary", 3, 3)
+        assert plan.switched and plan.active == "fallback" and not plan.pending
+        assert plan.min_replicas == {}
+
+    def test_the_need_is_bounded_by_the_scaling_spec(self) -> None:
+        assert self.plan("fallback", "primary", 9, 0, maximum=4).needed == 4
+        assert self.plan("fallback", "primary", 0, 0, minimum=2).needed == 2
+        broken_primary = self.plan("fallback", "primary", 0, 1)
+        assert broken_primary.switched  # one Ready fallback pod beats none
+
+    def test_rolling_forward_is_symmetric(self) -> None:
+        plan = self.plan("primary", "fallback", 1, 2)
+        assert plan.pending and plan.min_replicas == {"primary": 2}
+        assert self.plan("primary", "fallback", 2, 2).active == "primary"
+
+
+def test_quantities_the_server_rewrote_are_not_differences() -> None:
+    """The API server stores ``1000`` as ``1k``, ``0.5`` as ``500m`` and ``1024Mi`` as
+    ``1Gi``; comparing strings would patch the HPA and the Deployment on every pass."""
+    desired = {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"},
+                                                   "limits": {"memory": "1024Mi"}}}],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1024Mi"}}]}}}}
+    live = {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                                   "limits": {"memory": "1Gi"}}}],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]}}}}
+    assert reconcile.merge_patch(desired, live) is None
+    hpa = {"kind": "HorizontalPodAutoscaler", "metadata": {"name": "h"}, "spec": {"metrics": [
+        {"type": "Pods", "pods": {"target": {"type": "AverageValue", "averageValue": "1000"}}}]}}
+    stored = {"kind": "HorizontalPodAutoscaler", "metadata": {"name": "h"}, "spec": {"metrics": [
+        {"type": "Pods", "pods": {"target": {"type": "AverageValue", "averageValue": "1k"}}}]}}
+    assert reconcile.merge_patch(hpa, stored) is None
+    stored["spec"]["metrics"][0]["pods"]["target"]["averageValue"] = "2k"
+    assert reconcile.merge_patch(hpa, stored) == {"spec": {"metrics": hpa["spec"]["metrics"]}}
+    # A string that only looks like a quantity elsewhere is compared as a string.
+    assert reconcile.merge_patch({"kind": "ConfigMap", "metadata": {"name": "c"},
+                                  "data": {"x": "1000"}},
+                                 {"kind": "ConfigMap", "metadata": {"name": "c"},
+                                  "data": {"x": "1k"}}) == {"data": {"x": "1000"}}
+
+
+def test_a_status_write_nobody_reads_leaves_the_fingerprint_alone() -> None:
+    hpa = stored(desired("HorizontalPodAutoscaler"))
+    before = reconcile.fingerprint(hpa)
+    rewritten = copy.deepcopy(hpa)
+    rewritten["metadata"]["resourceVersion"] = "999"
+    rewritten["status"] = {"currentReplicas": 1, "conditions": [{"type": "AbleToScale"}]}
+    assert reconcile.fingerprint(rewritten) == before
+    edited = copy.deepcopy(hpa)
+    edited["spec"]["maxReplicas"] = 50
+    assert reconcile.fingerprint(edited) != before
+    labelled = copy.deepcopy(hpa)
+    labelled["metadata"]["labels"]["team"] = "x"
+    assert reconcile.fingerprint(labelled) != before
+    deployment = stored(desired("Deployment"))
+    ready = copy.deepcopy(deployment)
+    ready["status"] = {"replicas": 1, "readyReplicas": 1, "observedGeneration": 1}
+    assert reconcile.fingerprint(ready) != reconcile.fingerprint(deployment)
+    ready_again = copy.deepcopy(ready)
+    ready_again["status"]["observedGeneration"] = 2
+    assert reconcile.fingerprint(ready_again) == reconcile.fingerprint(ready)
