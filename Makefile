@@ -24,7 +24,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(INSTALLED): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install --quiet -c constraints.txt -e .
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[operator,tools]'
 	touch $@
 
 $(INSTALLED_TEST): pyproject.toml constraints.txt | $(PY)

@@ -33,13 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "hack" / "kube"))
 
+import yaml  # noqa: E402
 from build import DEFAULT_TAG  # noqa: E402
 from kubecluster.audit import AuditLog  # noqa: E402
 from kubecluster.client import Client  # noqa: E402
 from kubecluster.controlplane import ControlPlane, bindir  # noqa: E402
 from kubecluster.install import install  # noqa: E402
-
-import yaml  # noqa: E402
 
 
 def ready_times(admin: Client, namespace: str) -> dict[str, str]:

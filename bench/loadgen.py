@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from refmodel import sample_rows  # noqa: E402
+
 from tailguard.bench.loadgen import Target, run_load, run_sync
 from tailguard.bench.plan import Bounds, ClosedLoop, LoadResult
 

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from refmodel import build_model, sample_rows  # noqa: E402
+
 from tailguard.tune.rawtable import RawRow, markdown, time_calls
 
 DEFAULT_BATCHES = (1, 8, 32, 64, 128, 512)

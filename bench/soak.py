@@ -274,7 +274,6 @@ def openloop(url: str, rate: float, duration_s: float, record: bool = False,
     """
     from tailguard.bench.loadgen import Progress, Target, run_load, run_sync
     from tailguard.bench.plan import Bounds, OpenLoop
-
     from tailguard_runtime.models import load_dataset
 
     def progress(now: Progress) -> None:

@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gomod import (ETCD_MAIN, HERE, TOOLS, go_env, staging_version,  # noqa: E402
-                   unresolved, write_etcd_main)
+from gomod import ETCD_MAIN, HERE, TOOLS, go_env, staging_version, unresolved, write_etcd_main  # noqa: E402
 
 DEFAULT_TAG = "v1.37.2"
 """The newest Kubernetes release whose go.mod ``go`` line (1.26.0) this machine's Go 1.26.8

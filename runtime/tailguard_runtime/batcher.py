@@ -34,10 +34,22 @@ from typing import Any, Callable
 import numpy as np
 
 from tailguard_runtime.admission import DrainEstimate, admit
-from tailguard_runtime.errors import (DeadlineExceeded, Draining, GraceEnded, ModelFailed,
-                                      TailguardError)
-from tailguard_runtime.rows import (Outputs, Unisolated, concat_outputs, gather_rows,
-                                    isolation_budget, predict_isolating, split_outputs)
+from tailguard_runtime.errors import (
+    DeadlineExceeded,
+    Draining,
+    GraceEnded,
+    ModelFailed,
+    TailguardError,
+)
+from tailguard_runtime.rows import (
+    Outputs,
+    Unisolated,
+    concat_outputs,
+    gather_rows,
+    isolation_budget,
+    predict_isolating,
+    split_outputs,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,15 @@ import logging
 import sys
 
 from tailguard_runtime.errors import ModelLoadError
-from tailguard_runtime.server import (DrainingServer, base_url, bind_socket, follow_traffic,
-                                      limit_threads, run, serve)
+from tailguard_runtime.server import (
+    DrainingServer,
+    base_url,
+    bind_socket,
+    follow_traffic,
+    limit_threads,
+    run,
+    serve,
+)
 from tailguard_runtime.service import load_runtime
 from tailguard_runtime.settings import RuntimeSettings
 

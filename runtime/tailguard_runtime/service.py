@@ -22,9 +22,9 @@ from tailguard_runtime import metrics
 from tailguard_runtime.batcher import Batcher
 from tailguard_runtime.errors import ModelNotFound
 from tailguard_runtime.models import Predictor, check_drop_in, load_model
-from tailguard_runtime.wire import served_by
 from tailguard_runtime.settings import RuntimeSettings
 from tailguard_runtime.stats import WindowStats
+from tailguard_runtime.wire import served_by
 
 logger = logging.getLogger(__name__)
 traffic_logger = logging.getLogger("tailguard_runtime.traffic")

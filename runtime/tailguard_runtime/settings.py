@@ -3,7 +3,8 @@
 The field names carry their units. Defaults are the InferenceService CRD's defaults
 (``crds/inferenceservice.yaml``); the operator and ``tailguard up`` build these objects from a
 validated spec, and the container entry point from the JSON file the operator writes into a
-ConfigMap (:func:`RuntimeSettings.from_config`). Nothing is read at import time.
+ConfigMap. That file is written by :meth:`RuntimeSettings.to_config` and read by
+:meth:`RuntimeSettings.from_config`, one class for both ends. Nothing is read at import time.
 """
 
 from __future__ import annotations
@@ -111,6 +112,22 @@ class ConnectionSettings:
                 raise ValueError(f"connections.{key} must be positive, got {value}")
         return made
 
+    def to_config(self) -> dict[str, Any]:
+        """The ``connections`` mapping :meth:`from_config` reads back (``maxConnections`` left
+        out while it is ``None``)."""
+        return {key: _number(getattr(self, attr)) for key, attr in _CONNECTION_KEYS
+                if getattr(self, attr) is not None}
+
+
+_CONNECTION_KEYS = (("maxConnections", "max_connections"), ("keepAliveSeconds", "keep_alive_s"),
+                    ("requestHeadTimeoutSeconds", "request_head_timeout_s"),
+                    ("requestBodyTimeoutSeconds", "request_body_timeout_s"),
+                    ("sendStallTimeoutSeconds", "send_stall_timeout_s"),
+                    ("maxPipelinedRequests", "max_pipelined"),
+                    ("refusalsPerSecond", "refusals_per_s"),
+                    ("refusalDelaySeconds", "refusal_delay_s"))
+"""The ``connections`` block's camelCase keys and the :class:`ConnectionSettings` fields."""
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -188,6 +205,36 @@ class RuntimeSettings:
             connections=ConnectionSettings.from_config(config.get("connections", {})),
         )
 
+    def to_config(self, active_model: str) -> dict[str, Any]:
+        """The runtime config JSON that :meth:`from_config` reads back, with ``activeModel``
+        naming the role that takes traffic (the operator writes it into each role's ConfigMap).
+
+        Whole numbers are written as integers, as the CRD has them. ``connections`` is written
+        only when it differs from the defaults. What one process chooses for itself is not
+        written: ``control_secret``, ``fast_forests`` and ``max_body_bytes``.
+        """
+        b = self.batching
+        config: dict[str, Any] = {
+            "name": self.name,
+            "models": [{"role": m.role, "uri": m.uri, "version": m.version,
+                        **({"sha256": m.sha256} if m.sha256 else {})} for m in self.models],
+            "batching": {"maxBatchSize": b.max_batch_size, "maxWaitMs": _number(b.max_wait_ms),
+                         "maxQueueSize": b.max_queue_size, "timeoutMs": _number(b.timeout_ms)},
+            "slo": {"windowSeconds": _number(self.stats_window_seconds),
+                    **({} if self.slo_p99_ms is None
+                       else {"p99LatencyMs": _number(self.slo_p99_ms)})},
+            "drainGraceSeconds": _number(self.drain_grace_seconds),
+            "activeModel": active_model,
+        }
+        if self.connections != ConnectionSettings():
+            config["connections"] = self.connections.to_config()
+        return config
+
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _number(value: float) -> int | float:
+    """``12.0`` -> ``12``: the CRD's integers stay integers in the runtime JSON."""
+    return int(value) if float(value).is_integer() else value

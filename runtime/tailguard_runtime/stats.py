@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -178,3 +179,45 @@ class Totals:
             "slowCallSeconds": self.slow_call_s,
             "latencyHistogram": {"boundsSeconds": list(self.bounds_s), "counts": counts},
         }
+
+
+@dataclass(frozen=True)
+class TotalsSnapshot:
+    """One read of a role's cumulative counts: :meth:`Totals.snapshot`'s JSON, parsed (by the
+    SLO guard, which reads it over HTTP; :mod:`tailguard.guard.observe` takes differences).
+
+    ``counts`` is the cumulative latency histogram: one count per upper bound in ``bounds_s``
+    (seconds, inclusive) then the ``+Inf`` count, which equals ``admitted``.
+    """
+
+    admitted: int
+    failed: Mapping[str, int]
+    refused: Mapping[str, int]
+    queue_row_seconds: float
+    bounds_s: tuple[float, ...]
+    counts: tuple[int, ...]
+    calls: int = 0
+    slow_calls: int = 0
+    call_seconds: float = 0.0
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "TotalsSnapshot":
+        """Build from the JSON shape :meth:`Totals.snapshot` returns.
+
+        Raises:
+            ValueError: a missing key, a wrong type, or counts that do not match the bounds.
+        """
+        try:
+            hist = doc["latencyHistogram"]
+            totals = cls(int(doc["admitted"]), {str(k): int(v) for k, v in doc["failed"].items()},
+                         {str(k): int(v) for k, v in doc["refused"].items()},
+                         float(doc["queueRowSeconds"]),
+                         tuple(float(b) for b in hist["boundsSeconds"]),
+                         tuple(int(c) for c in hist["counts"]), int(doc.get("calls", 0)),
+                         int(doc.get("slowCalls", 0)), float(doc.get("callSeconds", 0.0)))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a totals document: {type(exc).__name__}: {exc}") from None
+        if len(totals.counts) != len(totals.bounds_s) + 1:
+            raise ValueError(f"{len(totals.counts)} histogram counts for "
+                             f"{len(totals.bounds_s)} bounds (expected one more, for +Inf)")
+        return totals

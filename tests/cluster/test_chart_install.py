@@ -9,10 +9,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from harness.kube.client import Client, wait_for
 from harness.kube.controlplane import ControlPlane
-from harness.kube.install import (CRD_NAME, RELEASE, RELEASE_NAMESPACE, REPO, Installation,
-                                 helm, install)
+from harness.kube.install import (
+    CRD_NAME,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    REPO,
+    Installation,
+    helm,
+    install,
+)
 
 EXAMPLE = yaml.safe_load((REPO / "examples" / "iris.yaml").read_text())
 

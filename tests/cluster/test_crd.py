@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import yaml
-from harness.scene import EXAMPLES, INVALID, example
+
+from harness import REPO
 from harness.kube.client import Client
 from harness.kube.controlplane import ControlPlane
 from harness.kube.install import CRD_NAME, Installation
-
+from harness.scene import EXAMPLES, INVALID, example
 from tailguard.spec import schema
-from harness import REPO
 
 SERVER_FIELD = {
     "unknown field": 'unknown field "spec.modle"',

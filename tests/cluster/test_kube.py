@@ -10,11 +10,11 @@ from typing import Iterator
 
 import pytest
 import yaml
-from harness.scene import example
+
 from harness.kube.client import Client
 from harness.kube.controlplane import ControlPlane
 from harness.kube.install import Installation
-
+from harness.scene import example
 from tailguard.operator import kube
 from tailguard.spec import resource
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.scene import BEHAVIOR, RESYNC_SECONDS, Scene, example
 
+from harness.scene import BEHAVIOR, RESYNC_SECONDS, Scene, example
 from tailguard.operator import manifests
 from tailguard.spec import resource
 

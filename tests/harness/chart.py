@@ -13,6 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
 from harness import REPO
 
 CHART = REPO / "charts" / "tailguard"

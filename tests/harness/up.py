@@ -15,10 +15,10 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
+from harness import REPO
 from tailguard.up.child import TAILGUARD, WAIT_S
 from tailguard.up.child import UpProcess as Up
 from tailguard.up.child import start_up as _start_up
-from harness import REPO
 
 __all__ = ["EXAMPLE", "IRIS", "ROOT", "TAILGUARD", "WAIT_S", "Up", "one_line_failure", "run_cli",
            "start_up"]

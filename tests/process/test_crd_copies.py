@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from tailguard.spec import schema
 from harness import REPO
+from tailguard.spec import schema
 
 ROOT = REPO
 SCRIPT = ROOT / "hack" / "copy_crds.py"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tailguard_runtime.metrics import REJECTION_REASONS
 from harness import REPO
+from tailguard_runtime.metrics import REJECTION_REASONS
 
 ROOT = REPO
 README = (ROOT / "README.md").read_text(encoding="utf-8")

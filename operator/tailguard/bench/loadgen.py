@@ -34,8 +34,18 @@ from typing import Any, Callable, Coroutine
 import numpy as np
 
 from tailguard.bench.httpwire import ResponseParser
-from tailguard.bench.plan import (Bounds, ClosedLoop, ISSUE_AHEAD_S, LoadResult, OpenLoop,
-                                  Schedule, arrival_offsets, judge, next_tick_in, percentiles_ms)
+from tailguard.bench.plan import (
+    ISSUE_AHEAD_S,
+    Bounds,
+    ClosedLoop,
+    LoadResult,
+    OpenLoop,
+    Schedule,
+    arrival_offsets,
+    judge,
+    next_tick_in,
+    percentiles_ms,
+)
 from tailguard.bench.promview import ServerSnapshot, scrape
 
 TICK_S = 0.1

@@ -15,12 +15,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from tailguard_runtime.models import Predictor
-
 from tailguard.bench.loadgen import Progress
 from tailguard.bench.plan import Bounds, LoadResult, Schedule
 from tailguard.spec.resource import InferenceService
 from tailguard.up.child import UpProcess
+from tailguard_runtime.models import Predictor
 
 
 class Unusable(Exception):
@@ -42,21 +41,19 @@ def read_service(path: str | Path) -> tuple[InferenceService, str]:
     Raises:
         Unusable: the file cannot be read (``usage``), or the CRD refuses the spec.
     """
-    from tailguard.spec.resource import find_object, parse
+    from tailguard.spec.resource import read_file
     from tailguard.spec.schema import SpecError
 
     try:
-        with open(path, encoding="utf-8", newline="") as fh:  # keep \r\n: --write keeps bytes
-            text = fh.read()
+        found = read_file(path)
     except OSError as exc:
         raise Unusable(f"cannot read {path}: {exc.strerror}", usage=True) from None
-    try:
-        return parse(find_object(text, str(path))), text
     except SpecError as exc:
         more = (f" (and {len(exc.errors) - 1} more; tailguard validate lists them)"
                 if len(exc.errors) > 1 else "")
         raise Unusable(f"{path} is not a valid InferenceService: {exc.errors[0]}{more}"
                        ) from None
+    return found.isvc, found.text
 
 
 def load_models(isvc: InferenceService) -> dict[str, Predictor]:
@@ -130,8 +127,8 @@ def measure(base: str, name: str, rows: np.ndarray, schedule: Schedule, bounds: 
             on_progress: Callable[[Progress], None] | None = None) -> LoadResult:
     """One run of ``tailguard bench``'s generator against the served ``name`` at ``base``
     (one row per request, FP64). Raises OSError when nothing listens there."""
-    from tailguard.bench.target import encode_bodies, parse_url
     from tailguard.bench.loadgen import Target, run_load, run_sync
+    from tailguard.bench.target import encode_bodies, parse_url
 
     target = parse_url(f"{base}/v2/models/{name}")
     bodies = encode_bodies(rows, "FP64", 1)

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from tailguard.cli.options import add_load_window, add_max_lag, add_rows
 
 if TYPE_CHECKING:  # numpy and the generator load only when bench runs
-    from tailguard.bench.target import TargetURL
     from tailguard.bench.plan import Bounds, LoadResult
+    from tailguard.bench.target import TargetURL
 
 
 def add_parser(sub: Any) -> None:
@@ -65,10 +65,15 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tailguard bench``; returns the exit code (see the module docstring)."""
-    from tailguard.bench.target import (BenchRefused, choose_rows, encode_bodies, parse_url,
-                                        read_metadata)
     from tailguard.bench.loadgen import LOOPBACK
     from tailguard.bench.plan import Bounds, parse_rates
+    from tailguard.bench.target import (
+        BenchRefused,
+        choose_rows,
+        encode_bodies,
+        parse_url,
+        read_metadata,
+    )
 
     try:
         rates = parse_rates(args.rate) if args.rate is not None else None
@@ -117,8 +122,8 @@ def _read_spec(path: Path) -> tuple[str, float]:
     Raises:
         BenchRefused: the file cannot be read or is not a valid InferenceService.
     """
-    from tailguard.bench.target import BenchRefused
     from tailguard.bench.serving import Unusable, read_service
+    from tailguard.bench.target import BenchRefused
 
     try:
         isvc, _ = read_service(path)
@@ -133,8 +138,8 @@ def _serve(spec: Path, args: argparse.Namespace) -> Any:
     Raises:
         BenchRefused: it did not start.
     """
-    from tailguard.bench.target import BenchRefused
     from tailguard.bench.serving import ServeFailed, start
+    from tailguard.bench.target import BenchRefused
 
     if not args.json:
         print(f"starting tailguard up {spec} ...", file=sys.stderr, flush=True)
@@ -146,10 +151,10 @@ def _serve(spec: Path, args: argparse.Namespace) -> Any:
 
 def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, ...], source: str,
              rates: list[float] | None, bounds: Bounds, slo_ms: float | None) -> int:
-    from tailguard.cli import view
-    from tailguard.bench.target import BenchRefused
     from tailguard.bench.loadgen import Target, run_load, run_sync
     from tailguard.bench.plan import ClosedLoop, OpenLoop, outcome, sweep_verdict
+    from tailguard.bench.target import BenchRefused
+    from tailguard.cli import view
 
     gen_target = Target(target.host, target.port, target.model_path + "/infer", bodies,
                         args.rows_per_request)

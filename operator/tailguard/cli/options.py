@@ -1,5 +1,7 @@
-"""Command-line options that ``tailguard bench``, ``tune`` and ``report`` share, defined once
-so that their names, types and help read the same in all three."""
+"""Command-line options that several ``tailguard`` commands share, defined once so that their
+names, types and help read the same everywhere: the load window, rows, table time and lag bound
+of ``bench``, ``tune`` and ``report``, and the target (name, port, cluster) of ``rollback``,
+``rollforward`` and ``status``."""
 
 from __future__ import annotations
 
@@ -34,3 +36,20 @@ def add_max_lag(cmd: Any) -> None:
     cmd.add_argument("--max-lag-ms", type=float, default=1.0,
                      help="a run whose p99 schedule lag exceeds this is invalid (default 1; "
                           "raise it only on a machine known to be shared)")
+
+DEFAULT_PORT = 8080
+"""The port ``tailguard up`` listens on, and the one the other commands look for, by default."""
+
+
+def add_target(cmd: Any, local: str) -> None:
+    """``NAME``, ``--port``, ``--cluster`` and ``-n/--namespace``: which service a command
+    acts on, the local ``local`` (``tailguard up``) by default or the kubeconfig's cluster."""
+    cmd.add_argument("name", help="the InferenceService name (metadata.name)")
+    cmd.add_argument("--port", type=int, default=None,
+                     help=f"port of the local {local} (default 8080, or the only port a "
+                          f"{local} of NAME runs on)")
+    cmd.add_argument("--cluster", action="store_true",
+                     help="talk to the cluster of the current kubeconfig context instead of "
+                          "the local service")
+    cmd.add_argument("-n", "--namespace", default=None,
+                     help="namespace, with --cluster (default: the kubeconfig context's)")

@@ -39,13 +39,19 @@ def run(args: argparse.Namespace) -> int:
     """The CLI shell: read the spec, load the models, serve, gather, write; exit code."""
     import httpx
 
+    from tailguard.bench.serving import (
+        ServeFailed,
+        Unusable,
+        load_models,
+        read_service,
+        served,
+        service_rows,
+    )
     from tailguard.cli import view
     from tailguard.report.gather import gather
     from tailguard.report.markdown import render
-    from tailguard.bench.serving import (ServeFailed, Unusable, load_models, read_service, served,
-                                         service_rows)
-    from tailguard.tune.search import TuneOptions
     from tailguard.tune.plot import plot_raw, plot_sweep
+    from tailguard.tune.search import TuneOptions
 
     if args.duration <= 0 or args.warmup < 0 or args.budget <= 0 or args.table_seconds <= 0:
         print("tailguard report: --duration, --budget and --table-seconds must be > 0, "

@@ -1,15 +1,20 @@
-"""What ``tailguard status NAME`` prints: plain lines from data the CLI fetched.
+"""``tailguard status NAME``: the live numbers of the local ``tailguard up``, or with
+``--cluster`` the InferenceService's status, as plain lines.
 
 Two sources, two functions: :func:`live_lines` formats the runtime's ``GET /tailguard/stats``
 JSON (a local ``tailguard up``), :func:`cluster_lines` an InferenceService object as the API
-server returns it (``--cluster``). Both only report what their input holds: a number that is
-absent is said to be absent, never made up. Pure: no I/O, no clock, no logging; the CLI fetches
-and prints.
+server returns it (``--cluster``). Both are pure and only report what their input holds: a
+number that is absent is said to be absent, never made up. The command fetches and prints.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import Any, Mapping
+
+from tailguard.cli.options import DEFAULT_PORT, add_target
+from tailguard.cli.reach import call_local, kube_problem
 
 NO_OBSERVED = ("live numbers (p99, queue depth, req/s, errors) are not in the status yet: they "
                "arrive with the SLO guard's cluster part")
@@ -97,3 +102,47 @@ def cluster_lines(obj: Mapping[str, Any]) -> list[str]:
     else:
         lines.append(f"  {NO_OBSERVED}")
     return lines
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``status`` on the ``tailguard`` subcommands."""
+    text = "show a service's live numbers: active model, p99 against the SLO, queue, errors"
+    status = sub.add_parser("status", help=text, description=(
+        "Show the live numbers of the local tailguard up (active model, p99 against the SLO, "
+        "queue depth, req/s, errors, rejections by reason, over the SLO window), or with "
+        "--cluster the InferenceService's status."))
+    add_target(status, "tailguard up")
+    status.set_defaults(func=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    if args.cluster:
+        from tailguard.operator import kube
+        from tailguard.spec.resource import KIND
+
+        try:
+            namespace = args.namespace or kube.default_namespace()
+            obj = kube.get(KIND, namespace, args.name)
+        except kube.KubeError as exc:
+            print(f"tailguard status: {kube_problem(exc, args.name, 'read')}", file=sys.stderr)
+            return 1
+        if obj is None:
+            print(f"tailguard status: no InferenceService {args.name!r} in namespace "
+                  f"{namespace!r}", file=sys.stderr)
+            return 1
+        print("\n".join(cluster_lines(obj)))
+        return 0
+    from tailguard.up.control import find_control_file
+
+    if args.port is None:
+        control = find_control_file(args.name, None)
+        args.port = DEFAULT_PORT if control is None else control.port
+    stats = call_local(args, "GET", "/tailguard/stats", None)
+    if stats is None:
+        return 1
+    if stats.get("name") != args.name:
+        print(f"tailguard status: 127.0.0.1:{args.port} serves {stats.get('name')!r}, not "
+              f"{args.name!r}", file=sys.stderr)
+        return 1
+    print("\n".join(live_lines(stats)))
+    return 0

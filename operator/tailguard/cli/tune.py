@@ -89,13 +89,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tailguard tune: {exc}", file=sys.stderr)
         return 2
+    from tailguard.bench.serving import (
+        ServeFailed,
+        Unusable,
+        load_models,
+        read_service,
+        service_rows,
+    )
     from tailguard.cli import view
-    from tailguard.tune.rawtable import markdown
-    from tailguard.bench.serving import (ServeFailed, Unusable, load_models, read_service,
-                                         service_rows)
-    from tailguard.tune.search import as_json, tune
-    from tailguard.tune.plot import plot_tune
     from tailguard.spec.yamledit import set_batching
+    from tailguard.tune.plot import plot_tune
+    from tailguard.tune.rawtable import markdown
+    from tailguard.tune.search import as_json, tune
 
     try:
         isvc, text = read_service(args.file)

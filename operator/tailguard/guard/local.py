@@ -24,15 +24,23 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, TextIO
 
+from tailguard.guard.observe import Counts, Observation, difference, observe, status_observed
+from tailguard.guard.policy import (
+    Action,
+    Decision,
+    GuardSpec,
+    History,
+    applied,
+    decide,
+    effective_traffic,
+    remember,
+    rolled_forward,
+)
+from tailguard.spec.conditions import set_condition
+from tailguard.spec.resource import InferenceService
 from tailguard_runtime import metrics
 from tailguard_runtime.service import Runtime
-
-from tailguard.spec.conditions import set_condition
-from tailguard.guard.observe import (Counts, Observation, Totals, difference, observe,
-                                     status_observed)
-from tailguard.guard.policy import (Action, Decision, GuardSpec, History, applied, decide,
-                                    effective_traffic, remember, rolled_forward)
-from tailguard.spec.resource import InferenceService
+from tailguard_runtime.stats import TotalsSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +65,7 @@ class LocalGuard:
         self.decision: Decision | None = None
         self.observation: Observation | None = None
         self._observed_at = ""
-        self._previous: dict[str, Totals] = {}
+        self._previous: dict[str, TotalsSnapshot] = {}
         self._last_s: float | None = None
         self._seen_role = runtime.active_role
         self._count_rollback = metrics.bind_rollbacks(runtime.name)
@@ -139,7 +147,7 @@ class LocalGuard:
         """Read the totals of every role; return each role's window since the last read."""
         windows: dict[str, Counts] = {}
         for role, doc in self.runtime.totals(now).items():
-            current = Totals.from_json(doc)
+            current = TotalsSnapshot.from_json(doc)
             windows[role] = difference(self._previous.get(role), current)
             self._previous[role] = current
         return windows

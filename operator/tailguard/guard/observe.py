@@ -20,55 +20,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from tailguard_runtime.stats import TotalsSnapshot
+
 DEADLINE_REASONS = ("deadline",)
 """Refusal reasons that mean "refused for its deadline" (429 ``deadline``); 504s are admitted
 requests that failed with ``deadline_exceeded`` and are counted from the failures."""
 
 
 @dataclass(frozen=True)
-class Totals:
-    """One read of a role's cumulative counts (see the runtime's ``Totals.snapshot``).
-
-    ``counts`` is the cumulative latency histogram: one count per upper bound in ``bounds_s``
-    (seconds, inclusive) then the ``+Inf`` count, which equals ``admitted``.
-    """
-
-    admitted: int
-    failed: Mapping[str, int]
-    refused: Mapping[str, int]
-    queue_row_seconds: float
-    bounds_s: tuple[float, ...]
-    counts: tuple[int, ...]
-    calls: int = 0
-    slow_calls: int = 0
-    call_seconds: float = 0.0
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "Totals":
-        """Build from the JSON shape the runtime serves.
-
-        Raises:
-            ValueError: a missing key, a wrong type, or counts that do not match the bounds.
-        """
-        try:
-            hist = doc["latencyHistogram"]
-            totals = cls(int(doc["admitted"]), {str(k): int(v) for k, v in doc["failed"].items()},
-                         {str(k): int(v) for k, v in doc["refused"].items()},
-                         float(doc["queueRowSeconds"]),
-                         tuple(float(b) for b in hist["boundsSeconds"]),
-                         tuple(int(c) for c in hist["counts"]), int(doc.get("calls", 0)),
-                         int(doc.get("slowCalls", 0)), float(doc.get("callSeconds", 0.0)))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"not a totals document: {type(exc).__name__}: {exc}") from None
-        if len(totals.counts) != len(totals.bounds_s) + 1:
-            raise ValueError(f"{len(totals.counts)} histogram counts for "
-                             f"{len(totals.bounds_s)} bounds (expected one more, for +Inf)")
-        return totals
-
-
-@dataclass(frozen=True)
 class Counts:
-    """What happened in one window: increments of :class:`Totals`. Add windows of several pods
+    """What happened in one window: increments of :class:`TotalsSnapshot`. Add windows of several pods
     with ``+``. ``buckets`` holds per-bucket (not cumulative) increments, ``+Inf`` last."""
 
     admitted: int = 0
@@ -101,7 +62,7 @@ class Counts:
                       self.call_seconds + other.call_seconds)
 
 
-def difference(previous: Totals | None, current: Totals) -> Counts:
+def difference(previous: TotalsSnapshot | None, current: TotalsSnapshot) -> Counts:
     """The window between two reads of one process's totals, reset-aware.
 
     With no previous read, a histogram with other bounds, or any count lower than before (the
@@ -255,7 +216,7 @@ def _per_bucket(cumulative: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(c - p for c, p in zip(cumulative, (0, *cumulative[:-1])))
 
 
-def _reset(previous: Totals, current: Totals) -> bool:
+def _reset(previous: TotalsSnapshot, current: TotalsSnapshot) -> bool:
     if previous.bounds_s != current.bounds_s or current.admitted < previous.admitted:
         return True
     if (current.queue_row_seconds < previous.queue_row_seconds or current.calls < previous.calls

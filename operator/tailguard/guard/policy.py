@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
 from tailguard.guard.observe import Observation
 from tailguard.spec.resource import InferenceService
 

@@ -30,10 +30,10 @@ from typing import Any, Mapping, Sequence
 import kopf
 
 from tailguard.operator import kube, manifests, reconcile
-from tailguard.spec import conditions, resource, schema
 from tailguard.operator.memory import KnownServices, SeenChildren, resync_targets
 from tailguard.operator.settings import OperatorSettings
 from tailguard.operator.status import build_status, invalid_status, status_patch
+from tailguard.spec import conditions, resource, schema
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from tailguard.spec import resource
 from tailguard.operator.settings import OperatorSettings
+from tailguard.spec import resource
 
 ROLES = ("primary", "fallback")
 PORT = 8080
@@ -127,31 +127,14 @@ def termination_grace_seconds(isvc: resource.InferenceService, settings: Operato
 
 
 def runtime_config(isvc: resource.InferenceService, active_role: str) -> dict[str, Any]:
-    """The JSON the runtime reads (``tailguard_runtime.settings.RuntimeSettings.from_config``).
-
-    Shape: ``{"name", "models": [{"role", "uri", "version", "sha256"?}], "batching": {camelCase},
-    "slo": {"windowSeconds", "p99LatencyMs"}, "drainGraceSeconds", "activeModel"}``. ``activeModel`` tells each
-    pod whether traffic is on its role; pods of the other role stop keeping connections alive.
+    """The JSON the runtime reads: the service's runtime settings, with the drain this module
+    chooses (:func:`drain_grace_seconds`), as
+    :meth:`tailguard_runtime.settings.RuntimeSettings.to_config` writes them. ``activeModel``
+    tells each pod whether traffic is on its role; pods of the other role stop keeping
+    connections alive.
     """
-    models = []
-    for role, ref in (("primary", isvc.model), ("fallback", isvc.fallback)):
-        model: dict[str, Any] = {"role": role, "uri": ref.uri, "version": ref.version}
-        if ref.sha256:
-            model["sha256"] = ref.sha256
-        models.append(model)
-    batching = isvc.batching
-    return {
-        "name": isvc.name,
-        "models": models,
-        "batching": {"maxBatchSize": batching.max_batch_size,
-                     "maxWaitMs": _number(batching.max_wait_ms),
-                     "maxQueueSize": batching.max_queue_size,
-                     "timeoutMs": _number(batching.timeout_ms)},
-        "slo": {"windowSeconds": isvc.slo.window_seconds,
-                "p99LatencyMs": isvc.slo.p99_latency_ms},
-        "drainGraceSeconds": drain_grace_seconds(isvc),
-        "activeModel": active_role,
-    }
+    settings = isvc.runtime_settings(drain_grace_seconds=drain_grace_seconds(isvc))
+    return settings.to_config(active_role)
 
 
 def config_checksum(isvc: resource.InferenceService, role: str) -> str:
@@ -328,8 +311,3 @@ def _metadata(isvc: resource.InferenceService, owner: Owner, kind: str,
     labels = common_labels(isvc.name) if role is None else role_labels(isvc.name, role)
     return {"name": child_name(isvc.name, kind, role), "namespace": isvc.namespace,
             "labels": labels, "ownerReferences": [owner_reference(owner)]}
-
-
-def _number(value: float) -> int | float:
-    """``12.0`` -> ``12``: the CRD's integers stay integers in the runtime JSON."""
-    return int(value) if float(value).is_integer() else value

@@ -189,7 +189,7 @@ def _subset(desired: Any, live: Any, path: Path = ()) -> bool:
             for key, value in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
-                and all(_subset(d, l, path + ("[]",)) for d, l in zip(desired, live)))
+                and all(_subset(d, v, path + ("[]",)) for d, v in zip(desired, live)))
     if isinstance(desired, str) and isinstance(live, str) and _is_quantity(path):
         return quantity.same(desired, live)
     return bool(desired == live) and type(desired) is type(live)

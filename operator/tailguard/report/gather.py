@@ -27,16 +27,15 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tailguard_runtime.models import Predictor
-
-from tailguard.report import probes
-from tailguard.up.control import find_control_file
 from tailguard.bench.plan import outcome, sweep_verdict
-from tailguard.guard.policy import GuardSpec, QUEUEING_RATIO, QUEUE_FULL_SHARE, SLOW_FRACTION
-from tailguard.tune.rawtable import BATCH_SIZES, RawRow, raw_table
+from tailguard.guard.policy import QUEUE_FULL_SHARE, QUEUEING_RATIO, SLOW_FRACTION, GuardSpec
+from tailguard.report import probes
 from tailguard.spec.resource import InferenceService
-from tailguard.tune.search import Show, TuneOptions, measure_policy, point_result, sweep_rates
 from tailguard.tune.grid import Policy
+from tailguard.tune.rawtable import BATCH_SIZES, RawRow, raw_table
+from tailguard.tune.search import Show, TuneOptions, measure_policy, point_result, sweep_rates
+from tailguard.up.control import find_control_file
+from tailguard_runtime.models import Predictor
 
 GET_ROUTES = ("/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/{name}",
               "/v2/models/{name}/ready", "/metrics", "/tailguard/stats")

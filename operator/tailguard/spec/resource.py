@@ -3,12 +3,14 @@
 :func:`parse` validates an object exactly as the API server would
 (:func:`tailguard.spec.schema.validate_object`) and types the defaulted result. ``tailguard up``
 and the operator both call it, so a spec is accepted locally exactly when the cluster would
-accept it. Pure: no I/O, no logging.
+accept it. :func:`read_file` is the one reader of a spec file (``up``, ``validate``, ``bench``,
+``tune`` and ``report`` use it); it is the only I/O here. No logging.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -77,15 +79,19 @@ class InferenceService:
     traffic: str
     spec: dict[str, Any]
 
-    def runtime_settings(self, *, control_secret: str | None = None) -> RuntimeSettings:
+    def runtime_settings(self, *, control_secret: str | None = None,
+                         drain_grace_seconds: float = RuntimeSettings.drain_grace_seconds
+                         ) -> RuntimeSettings:
         """The settings a runtime process serving both roles needs; ``control_secret`` turns
-        on ``tailguard up``'s control routes."""
+        on ``tailguard up``'s control routes; ``drain_grace_seconds`` is the drain after
+        SIGTERM, in seconds (the operator derives it from ``timeoutMs``)."""
         return RuntimeSettings(
             name=self.name,
             models=(_model_settings(self.model, "primary"), _model_settings(self.fallback, "fallback")),
             batching=self.batching,
             stats_window_seconds=float(self.slo.window_seconds),
             slo_p99_ms=float(self.slo.p99_latency_ms),
+            drain_grace_seconds=drain_grace_seconds,
             control_secret=control_secret,
         )
 
@@ -131,6 +137,32 @@ def load_file(text: str, source: str = "<input>") -> InferenceService:
         SpecError: invalid YAML, no InferenceService, several of them, or an invalid one.
     """
     return parse(find_object(text, source))
+
+
+@dataclass(frozen=True)
+class SpecFile:
+    """An InferenceService YAML file as :func:`read_file` read it."""
+
+    text: str
+    """The whole file, line ends as written (an edit such as ``tune --write`` keeps its bytes)."""
+    written: dict[str, Any]
+    """The InferenceService object as written, nothing defaulted."""
+    isvc: InferenceService
+    """Its typed view, every default filled in."""
+
+
+def read_file(path: str | os.PathLike[str]) -> SpecFile:
+    """Read the YAML file at ``path`` and validate the one InferenceService in it.
+
+    Raises:
+        OSError: the file cannot be read.
+        SpecError: invalid YAML, not exactly one InferenceService, or an invalid one; the
+            YAML and count messages name ``path``.
+    """
+    with open(path, encoding="utf-8", newline="") as fh:
+        text = fh.read()
+    written = find_object(text, str(path))
+    return SpecFile(text, written, parse(written))
 
 
 def find_object(text: str, source: str = "<input>") -> dict[str, Any]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from tailguard.tune.rawtable import RawRow
 from tailguard.tune.grid import PointResult, Policy
+from tailguard.tune.rawtable import RawRow
 
 
 def plot_tune(path: Path, points: Sequence[PointResult], table: Sequence[RawRow],

@@ -26,10 +26,10 @@ from typing import Any, Callable
 import numpy as np
 
 from tailguard.bench.plan import LoadResult, OpenLoop, outcome
-from tailguard.tune.rawtable import BATCH_SIZES, RawRow, raw_table
 from tailguard.bench.serving import Unusable, measure, start
 from tailguard.spec.resource import InferenceService
 from tailguard.tune.grid import Choice, Grid, PointResult, Policy, build_grid, choose
+from tailguard.tune.rawtable import BATCH_SIZES, RawRow, raw_table
 from tailguard.up.child import UpProcess
 
 DEFAULT_BUDGET_S = 600.0

@@ -16,16 +16,21 @@ import sys
 import time
 from typing import Any, TextIO
 
+from tailguard.guard.local import LocalGuard
+from tailguard.spec.resource import InferenceService, read_file
+from tailguard.spec.schema import SpecError
+from tailguard.up.control import new_secret, remove_control_file, write_control_file
 from tailguard_runtime.errors import ModelLoadError
 from tailguard_runtime.models import Predictor
-from tailguard_runtime.server import (DrainingServer, base_url, bind_socket, limit_threads, run,
-                                      serve)
+from tailguard_runtime.server import (
+    DrainingServer,
+    base_url,
+    bind_socket,
+    limit_threads,
+    run,
+    serve,
+)
 from tailguard_runtime.service import Runtime, load_runtime
-
-from tailguard.guard.local import LocalGuard
-from tailguard.up.control import new_secret, remove_control_file, write_control_file
-from tailguard.spec.resource import InferenceService, find_object, parse
-from tailguard.spec.schema import SpecError
 
 CLUSTER_ONLY = {
     "scaling.minReplicas": "autoscaling needs a cluster; tailguard up runs one process",
@@ -94,17 +99,14 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     Ctrl-C prints the drain's counts.
     """
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        found = read_file(path)
     except OSError as exc:
         print(f"tailguard up: cannot read {path}: {exc.strerror}", file=sys.stderr)
         return 2
-    try:
-        written = find_object(text, path)
-        isvc = parse(written)
     except SpecError as exc:
         print(spec_error_text("tailguard up", path, exc), file=sys.stderr)
         return 2
+    written, isvc = found.written, found.isvc
     traffic = logging.getLogger("tailguard_runtime.traffic")
     if not traffic.isEnabledFor(logging.INFO):
         traffic.setLevel(logging.INFO)  # every switch is one line, whatever --log-level says

@@ -27,16 +27,34 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tailguard_runtime import __version__
 from tailguard_runtime.admission import RefusalPacer
+from tailguard_runtime.errors import (
+    BodyTimeout,
+    Draining,
+    GraceEnded,
+    IncompleteBody,
+    InvalidInput,
+    ModelFailed,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    TailguardError,
+)
 from tailguard_runtime.http.control import add_control_routes
-from tailguard_runtime.errors import (BodyTimeout, Draining, GraceEnded, IncompleteBody,
-                                      InvalidInput, ModelFailed, NotReady, Overloaded,
-                                      PayloadTooLarge, TailguardError)
 from tailguard_runtime.metrics import REFUSALS_DELAYED
 from tailguard_runtime.models import Predictor, check_input_range
-from tailguard_runtime.wire import (V2Request, check_stated_size, decode_v1, decode_v2,
-                                    decompress, encode_error, encode_v1, encode_v2,
-                                    max_valid_body_bytes, parse_timeout_header)
 from tailguard_runtime.service import Runtime, ServedModel
+from tailguard_runtime.wire import (
+    V2Request,
+    check_stated_size,
+    decode_v1,
+    decode_v2,
+    decompress,
+    encode_error,
+    encode_v1,
+    encode_v2,
+    max_valid_body_bytes,
+    parse_timeout_header,
+)
 
 logger = logging.getLogger(__name__)
 

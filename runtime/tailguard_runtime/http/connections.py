@@ -47,7 +47,7 @@ import termios
 from typing import Any
 
 from tailguard_runtime.http.protocol import JsonHttpProtocol
-from tailguard_runtime.metrics import CONNECTIONS_CLOSED, CONNECTION_CLOSE_REASONS
+from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS, CONNECTIONS_CLOSED
 from tailguard_runtime.settings import ConnectionSettings
 
 logger = logging.getLogger(__name__)

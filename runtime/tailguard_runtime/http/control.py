@@ -27,10 +27,15 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.requests import ClientDisconnect
 
-from tailguard_runtime.errors import (Forbidden, IncompleteBody, InvalidInput, ModelNotFound,
-                                      TailguardError)
-from tailguard_runtime.wire import preview
+from tailguard_runtime.errors import (
+    Forbidden,
+    IncompleteBody,
+    InvalidInput,
+    ModelNotFound,
+    TailguardError,
+)
 from tailguard_runtime.service import Runtime
+from tailguard_runtime.wire import preview
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 """Host names a local client may put in ``Host`` (with the server's port)."""

@@ -32,8 +32,9 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
-from . import pki
 from harness import REPO
+
+from . import pki
 
 SERVICE_CIDR = "10.96.0.0/24"
 """Cluster IPs the API server hands out (addresses in API objects only: nothing routes there)."""

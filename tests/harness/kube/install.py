@@ -21,9 +21,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from harness import REPO
+
 from .client import ApiError, Client, wait_for
 from .controlplane import ControlPlane, Identity, end_with_parent, free_port
-from harness import REPO
 
 CHART = REPO / "charts" / "tailguard"
 RELEASE = "tailguard"

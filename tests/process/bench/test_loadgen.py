@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from tailguard.cli.view import print_report
+from harness import REPO
 from tailguard.bench.loadgen import Target, run_load, run_sync
 from tailguard.bench.plan import Bounds, ClosedLoop, LoadResult, OpenLoop
+from tailguard.cli.view import print_report
 from tailguard.up.child import UpProcess, start_up
-from harness import REPO
 
 ROOT = REPO
 NULL_SERVER = ROOT / "bench" / "peers" / "null_server.py"

@@ -12,9 +12,8 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from tailguard_runtime import metrics
-
 from harness.chart import CHART, Helm, one
+from tailguard_runtime import metrics
 
 DASHBOARD = CHART / "dashboards" / "tailguard.json"
 TARGET_LABELS = {"namespace", "pod", "container", "endpoint", "job", "instance"}
@@ -161,11 +160,10 @@ def test_adapter_rules_read_exported_series_per_pod(adapter_rules: list[dict[str
 
 def test_adapter_serves_the_metric_the_operator_scales_on(
         adapter_rules: list[dict[str, Any]]) -> None:
+    from harness.chart import REPO
     from tailguard.operator import manifests
     from tailguard.spec import resource
     from tailguard.spec.resource import load_file
-
-    from harness.chart import REPO
 
     served = {rule["name"]["as"] for rule in adapter_rules}
     assert served == {"tailguard_queue_depth", "tailguard_request_duration_p99_seconds"}

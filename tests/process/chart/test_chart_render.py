@@ -13,8 +13,19 @@ from typing import Any, Mapping
 import pytest
 import yaml
 
-from harness.chart import (CHART, CLUSTER_SCOPED, K8S_VERSION, RELEASE_NAMESPACE, REPO, Helm, env_of,
-                      of_kind, one, operator_container, validate_object)
+from harness.chart import (
+    CHART,
+    CLUSTER_SCOPED,
+    K8S_VERSION,
+    RELEASE_NAMESPACE,
+    REPO,
+    Helm,
+    env_of,
+    of_kind,
+    one,
+    operator_container,
+    validate_object,
+)
 
 REPO_CRD = REPO / "crds" / "inferenceservice.yaml"
 
@@ -194,8 +205,8 @@ def test_no_rule_grants_more_than_the_operator_uses(helm: Helm, name: str) -> No
 def test_rbac_covers_every_child_the_operator_builds(helm: Helm) -> None:
     """The kinds manifests.py builds are exactly the children the Role lets it create."""
     from tailguard.operator import manifests
-    from tailguard.spec import resource
     from tailguard.operator.settings import OperatorSettings
+    from tailguard.spec import resource
 
     isvc = resource.load_file((REPO / "examples/digits.yaml").read_text(encoding="utf-8"))
     children = manifests.children(isvc, manifests.Owner("digits", "uid-1"), OperatorSettings(),

@@ -23,14 +23,23 @@ from typing import Any, Mapping
 import pytest
 import yaml
 
+from harness.chart import (
+    CHART,
+    REPO,
+    Helm,
+    demo_commands,
+    env_of,
+    find_commands,
+    flag_values,
+    one,
+    operator_container,
+    validate_object,
+)
 from tailguard.operator import manifests
-from tailguard.spec import resource
 from tailguard.operator.settings import OperatorSettings
+from tailguard.spec import resource
 from tailguard_runtime.models import load_dataset
 from tailguard_runtime.wire import decode_v2
-
-from harness.chart import (CHART, REPO, Helm, demo_commands, env_of, find_commands, flag_values, one,
-                      operator_container, validate_object)
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 VERSION = PYPROJECT["project"]["version"]

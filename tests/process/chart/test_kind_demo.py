@@ -21,12 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from harness.chart import (
+    REPO,
+    Helm,
+    demo_commands,
+    env_of,
+    find_commands,
+    flag_values,
+    operator_container,
+)
 from tailguard.operator import manifests, quantity
 from tailguard.spec import resource
 from tailguard_runtime.wire import decode_v2
-
-from harness.chart import (REPO, Helm, demo_commands, env_of, find_commands, flag_values,
-                      operator_container)
 
 SCRIPT = REPO / "scripts" / "kind-demo.sh"
 DOC = (REPO / "docs" / "kind.md").read_text(encoding="utf-8")

@@ -12,10 +12,9 @@ from typing import Iterator
 import pytest
 import yaml
 
+from harness.up import ROOT, one_line_failure, run_cli
 from tailguard.cli.main import _parser
 from tailguard_runtime import __version__
-
-from harness.up import ROOT, one_line_failure, run_cli
 
 IRIS = ROOT / "examples" / "iris.yaml"
 DIGITS = ROOT / "examples" / "digits.yaml"

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tailguard.up.control import find_control_file, state_dir
 
 from harness.up import IRIS, Up, run_cli, start_up
+from tailguard.up.control import find_control_file, state_dir
+
 
 def _secret(up: Up, name: str = "iris") -> str:
     control = find_control_file(name, up.port)

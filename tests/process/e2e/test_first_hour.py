@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
-from tailguard.up.control import find_control_file
 
 from harness.up import IRIS, ROOT, TAILGUARD, WAIT_S, Up, run_cli, start_up
+from tailguard.up.control import find_control_file
 
 SWITCH_LINE = (r"traffic switched service=iris from=(\w+) to=(\w+) by=(\w+) "
                r"at=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)$")

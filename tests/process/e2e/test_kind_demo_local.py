@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pytest
 import yaml
+
 from harness.up import EXAMPLE, ROOT, Up, start_up
 
 SCRIPT = ROOT / "scripts" / "kind-demo.sh"

@@ -20,9 +20,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from harness.up import EXAMPLE, ROOT, TAILGUARD, Up, start_up
 from tailguard_runtime.models import load_dataset
 
-from harness.up import EXAMPLE, ROOT, TAILGUARD, Up, start_up
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[Up]:

@@ -20,9 +20,16 @@ import joblib
 import numpy as np
 import pytest
 
-from harness.runtime import (DIGITS_MAX_QUEUE, PROBE_MODULE, PROBE_SOURCE, RuntimeServer, batching,
-                         file_model, probe_runtime, running_runtime)
-
+from harness.runtime import (
+    DIGITS_MAX_QUEUE,
+    PROBE_MODULE,
+    PROBE_SOURCE,
+    RuntimeServer,
+    batching,
+    file_model,
+    probe_runtime,
+    running_runtime,
+)
 
 # -- models --------------------------------------------------------------------------------------
 

@@ -13,8 +13,15 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.runtime import (DIGITS_MAX_QUEUE, RuntimeServer, error_of, raw_exchange, v1_body,
-                          v2_body, v2_outputs)
+from harness.runtime import (
+    DIGITS_MAX_QUEUE,
+    RuntimeServer,
+    error_of,
+    raw_exchange,
+    v1_body,
+    v2_body,
+    v2_outputs,
+)
 from tailguard_runtime.wire import max_valid_body_bytes
 
 V2 = "/v2/models/digits/infer"

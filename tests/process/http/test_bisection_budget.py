@@ -21,8 +21,19 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.runtime import (RuntimeServer, batching, error_of, gated_row, labels, new_gate,
-                          open_gate, probe_rows, probe_runtime, scrape, v1_body)
+from harness.runtime import (
+    RuntimeServer,
+    batching,
+    error_of,
+    gated_row,
+    labels,
+    new_gate,
+    open_gate,
+    probe_rows,
+    probe_runtime,
+    scrape,
+    v1_body,
+)
 
 V1 = "/v1/models/probe:predict"
 MAX_BATCH = 8

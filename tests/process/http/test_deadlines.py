@@ -16,8 +16,19 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.runtime import (RuntimeServer, batching, error_of, labels, probe_rows, probe_runtime,
-                         scrape, slow_row, v1_body, v2_body, v2_outputs)
+from harness.runtime import (
+    RuntimeServer,
+    batching,
+    error_of,
+    labels,
+    probe_rows,
+    probe_runtime,
+    scrape,
+    slow_row,
+    v1_body,
+    v2_body,
+    v2_outputs,
+)
 
 
 def _poll(client: httpx.Client, sample: str, model: str, value: float,

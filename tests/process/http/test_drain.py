@@ -17,8 +17,19 @@ from typing import Any
 import httpx
 import numpy as np
 
-from harness.runtime import (RuntimeServer, batching, error_of, labels, probe_rows, probe_runtime,
-                         scrape, slow_row, v1_body, v2_body, v2_outputs)
+from harness.runtime import (
+    RuntimeServer,
+    batching,
+    error_of,
+    labels,
+    probe_rows,
+    probe_runtime,
+    scrape,
+    slow_row,
+    v1_body,
+    v2_body,
+    v2_outputs,
+)
 
 EXIT_TIMEOUT_S = 20.0
 

@@ -19,8 +19,18 @@ from typing import Any
 import httpx
 import numpy as np
 
-from harness.runtime import (RuntimeServer, error_of, labels, probe_rows, probe_runtime, scrape,
-                          slow_row, v1_body, v2_body, v2_outputs)
+from harness.runtime import (
+    RuntimeServer,
+    error_of,
+    labels,
+    probe_rows,
+    probe_runtime,
+    scrape,
+    slow_row,
+    v1_body,
+    v2_body,
+    v2_outputs,
+)
 
 V2 = "/v2/models/probe/infer"
 V1 = "/v1/models/probe:predict"

@@ -15,8 +15,15 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from harness.runtime import (RuntimeServer, batching, error_of, labels, read_response,
-                          running_runtime, scrape)
+from harness.runtime import (
+    RuntimeServer,
+    batching,
+    error_of,
+    labels,
+    read_response,
+    running_runtime,
+    scrape,
+)
 
 V1 = "/v1/models/iris:predict"
 ROW = [5.1, 3.5, 1.4, 0.2]

@@ -17,8 +17,15 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness.runtime import (RuntimeServer, labels, probe_rows, probe_runtime, raw_exchange, scrape,
-                          v1_body)
+from harness.runtime import (
+    RuntimeServer,
+    labels,
+    probe_rows,
+    probe_runtime,
+    raw_exchange,
+    scrape,
+    v1_body,
+)
 
 NAME = "wire"
 V1 = f"/v1/models/{NAME}:predict"

@@ -15,8 +15,21 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.runtime import (Labels, RuntimeServer, batching, gated_row, labels, metric_families,
-                          new_gate, open_gate, probe_rows, probe_runtime, scrape, v1_body, v2_body)
+from harness.runtime import (
+    Labels,
+    RuntimeServer,
+    batching,
+    gated_row,
+    labels,
+    metric_families,
+    new_gate,
+    open_gate,
+    probe_rows,
+    probe_runtime,
+    scrape,
+    v1_body,
+    v2_body,
+)
 
 NAME = "metered"
 V1 = f"/v1/models/{NAME}:predict"

@@ -17,8 +17,17 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.runtime import (RuntimeServer, batching, error_of, file_model, make_probe, probe_rows,
-                         running_runtime, v1_body, v2_body)
+from harness.runtime import (
+    RuntimeServer,
+    batching,
+    error_of,
+    file_model,
+    make_probe,
+    probe_rows,
+    running_runtime,
+    v1_body,
+    v2_body,
+)
 
 DIGITS_V2 = "/v2/models/digits/infer"
 DIGITS_V1 = "/v1/models/digits:predict"

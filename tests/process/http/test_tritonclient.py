@@ -7,8 +7,8 @@ Binary tensors are not supported; the runtime must say so in a way the client sh
 from __future__ import annotations
 
 import time
-from types import ModuleType
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterator
 
 import numpy as np

@@ -7,9 +7,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tailguard.bench.plan import (Bounds, ISSUE_AHEAD_S, LoadResult, OpenLoop, TICK_MIN_S,
-                                  arrival_offsets, judge, next_tick_in, outcome, parse_rates,
-                                  percentiles_ms, sweep_verdict)
+from tailguard.bench.plan import (
+    ISSUE_AHEAD_S,
+    TICK_MIN_S,
+    Bounds,
+    LoadResult,
+    OpenLoop,
+    arrival_offsets,
+    judge,
+    next_tick_in,
+    outcome,
+    parse_rates,
+    percentiles_ms,
+    sweep_verdict,
+)
 
 
 def test_poisson_arrivals_have_the_asked_mean_rate_and_stay_inside_the_horizon() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tailguard.spec import resource, schema
 from tailguard.guard.local import LocalGuard
+from tailguard.spec import resource, schema
 from tailguard.up.serve import not_applicable
 from tailguard_runtime.errors import ModelLoadError
 from tailguard_runtime.models import load_dataset, load_model

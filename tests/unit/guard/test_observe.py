@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.guard.observe import Counts, Totals, difference, observe, status_observed
+from tailguard.guard.observe import Counts, difference, observe, status_observed
 from tailguard.guard.policy import Action, GuardSpec, History, decide
-from tailguard_runtime.stats import Totals as RuntimeTotals
-from tailguard_runtime.stats import WindowStats, latency_bounds_s
+from tailguard_runtime.stats import Totals, TotalsSnapshot, WindowStats, latency_bounds_s
 
 
-def read(runtime: RuntimeTotals, queue_row_s: float = 0.0) -> Totals:
-    return Totals.from_json(runtime.snapshot(queue_row_s))
+def read(runtime: Totals, queue_row_s: float = 0.0) -> TotalsSnapshot:
+    return TotalsSnapshot.from_json(runtime.snapshot(queue_row_s))
 
 
 @pytest.mark.parametrize("slo_ms", [1, 17, 50, 123, 999, 600000])
@@ -22,7 +21,7 @@ def test_the_slo_is_an_exact_bucket_edge(slo_ms: int) -> None:
 
 def test_slower_than_the_slo_is_counted_exactly_at_the_edge() -> None:
     """17 ms is no Prometheus bucket edge; 16.9 ms and exactly 17 ms meet the SLO, 17.1 does not."""
-    totals = RuntimeTotals(latency_bounds_s(0.017))
+    totals = Totals(latency_bounds_s(0.017))
     for latency_ms in (1, 16.9, 17, 17, 17.1, 18, 40):
         totals.admit(latency_ms / 1000.0, None)
     obs = observe(difference(None, read(totals)), role="primary", end_s=1.0, window_s=1.0,
@@ -57,10 +56,10 @@ def test_a_window_is_the_difference_of_two_reads() -> None:
 
 
 def test_a_restart_starts_the_window_at_zero() -> None:
-    before = RuntimeTotals(latency_bounds_s(0.05))
+    before = Totals(latency_bounds_s(0.05))
     for _ in range(1000):
         before.admit(0.001, None)
-    after = RuntimeTotals(latency_bounds_s(0.05))  # the process restarted
+    after = Totals(latency_bounds_s(0.05))  # the process restarted
     for _ in range(30):
         after.admit(0.1, None)
     counts = difference(read(before, 100.0), read(after, 2.0))
@@ -69,7 +68,7 @@ def test_a_restart_starts_the_window_at_zero() -> None:
 
 
 def test_windows_of_several_pods_add_up_exactly() -> None:
-    pods = [RuntimeTotals(latency_bounds_s(0.05)) for _ in range(3)]
+    pods = [Totals(latency_bounds_s(0.05)) for _ in range(3)]
     previous = [read(p) for p in pods]
     for i, pod in enumerate(pods):
         for k in range(100 * (i + 1)):
@@ -83,11 +82,11 @@ def test_windows_of_several_pods_add_up_exactly() -> None:
 
 
 def test_an_slo_that_is_not_an_edge_is_refused() -> None:
-    totals = RuntimeTotals(latency_bounds_s(0.05))
+    totals = Totals(latency_bounds_s(0.05))
     with pytest.raises(ValueError, match="not a bucket edge"):
         observe(difference(None, read(totals)), role="primary", end_s=1, window_s=1, slo_ms=17)
     with pytest.raises(ValueError, match="not a totals document"):
-        Totals.from_json({"admitted": 1})
+        TotalsSnapshot.from_json({"admitted": 1})
 
 
 def test_decide_on_observed_windows() -> None:

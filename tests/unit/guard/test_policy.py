@@ -13,8 +13,17 @@ from typing import Any
 import pytest
 
 from tailguard.guard.observe import Observation
-from tailguard.guard.policy import (Action, Decision, GuardSpec, History, applied, decide,
-                                    effective_traffic, remember, rolled_forward)
+from tailguard.guard.policy import (
+    Action,
+    Decision,
+    GuardSpec,
+    History,
+    applied,
+    decide,
+    effective_traffic,
+    remember,
+    rolled_forward,
+)
 
 SPEC = GuardSpec(p99_latency_ms=50, window_seconds=10, breach_windows=3, recover_windows=6,
                  min_samples=50, max_error_rate=0.01, target_queue_depth=8, automatic=True,

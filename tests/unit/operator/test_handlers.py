@@ -10,6 +10,7 @@ import pytest
 def test_run_operator_hands_kopf_its_scope(monkeypatch: pytest.MonkeyPatch) -> None:
     """``tailguard operator`` is kopf.run with the namespaces, peering and settings given."""
     import kopf
+
     from tailguard.operator import handlers
     from tailguard.operator.settings import OperatorSettings
 

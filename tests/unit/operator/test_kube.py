@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tailguard.operator import kube
 from tailguard.spec import resource
 

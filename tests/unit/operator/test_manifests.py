@@ -8,11 +8,11 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from harness.scene import BEHAVIOR, example
 
+from harness.scene import BEHAVIOR, example
 from tailguard.operator import manifests
-from tailguard.spec import resource
 from tailguard.operator.settings import OperatorSettings
+from tailguard.spec import resource
 from tailguard_runtime.settings import RuntimeSettings
 
 KUBERNETES_VERSIONS = ("1.34.0", "1.37.0")

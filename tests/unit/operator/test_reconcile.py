@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 from json_merge_patch import merge as apply_merge_patch
-from harness.scene import BEHAVIOR, example
 
+from harness.scene import BEHAVIOR, example
 from tailguard.operator import manifests, reconcile
-from tailguard.spec import resource
 from tailguard.operator.settings import OperatorSettings
+from tailguard.spec import resource
 
 OWNER = manifests.Owner(name="iris", uid="uid-1")
 

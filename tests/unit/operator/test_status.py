@@ -7,8 +7,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from harness.scene import example, strict
 
+from harness.scene import example, strict
 from tailguard.operator import reconcile
 from tailguard.operator.status import build_status, invalid_status, status_patch
 from tailguard.spec import conditions, resource, schema

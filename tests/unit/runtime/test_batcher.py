@@ -11,10 +11,16 @@ from typing import AsyncIterator, Callable
 import numpy as np
 import pytest
 
-from tailguard_runtime.batcher import BatchQueue, Batcher, Request, WINDOW_SLACK_S
+from tailguard_runtime.batcher import WINDOW_SLACK_S, Batcher, BatchQueue, Request
+from tailguard_runtime.errors import (
+    DeadlineExceeded,
+    Draining,
+    ModelFailed,
+    Overloaded,
+    PayloadTooLarge,
+    TailguardError,
+)
 from tailguard_runtime.rows import predict_isolating
-from tailguard_runtime.errors import (DeadlineExceeded, Draining, ModelFailed, Overloaded,
-                                      PayloadTooLarge, TailguardError)
 
 
 class _Done:

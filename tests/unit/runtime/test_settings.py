@@ -33,3 +33,26 @@ def test_a_bound_that_is_not_positive_is_refused_naming_it(key: str) -> None:
     with pytest.raises(ValueError, match=f"connections.{key} must be positive"):
         RuntimeSettings.from_config({"name": "iris", "models": MODELS,
                                      "connections": {key: 0}})
+
+
+def test_the_config_written_is_the_config_read() -> None:
+    """``to_config`` (the operator's side) and ``from_config`` (the runtime's) are one format:
+    a round trip keeps every setting the file carries, whole numbers stay integers."""
+    from tailguard_runtime.settings import BatchingSettings, ModelSettings
+
+    settings = RuntimeSettings(
+        name="iris",
+        models=(ModelSettings("builtin://iris/random-forest", "primary", None, "3"),
+                ModelSettings("file:///m/lr.joblib", "fallback", "a" * 64, "1")),
+        batching=BatchingSettings(max_batch_size=8, max_wait_ms=2.5, max_queue_size=64,
+                                  timeout_ms=750.0),
+        stats_window_seconds=15.0, slo_p99_ms=40.0, drain_grace_seconds=12.0,
+        connections=ConnectionSettings(max_connections=48, keep_alive_s=2.0, max_pipelined=4))
+    config = settings.to_config("fallback")
+    assert config["activeModel"] == "fallback"
+    assert config["slo"] == {"windowSeconds": 15, "p99LatencyMs": 40}
+    assert config["batching"]["maxWaitMs"] == 2.5 and config["batching"]["timeoutMs"] == 750
+    assert RuntimeSettings.from_config(config) == settings
+    plain = RuntimeSettings(name="iris", models=settings.models[:1])
+    assert "connections" not in plain.to_config("primary")
+    assert RuntimeSettings.from_config(plain.to_config("primary")) == plain

@@ -8,8 +8,14 @@ import pytest
 
 from tailguard_runtime.errors import InvalidInput
 from tailguard_runtime.models import OutputSpec
-from tailguard_runtime.wire import (decode_v1, decode_v2, encode_v1, encode_v2,
-                                    parse_timeout_header, served_by)
+from tailguard_runtime.wire import (
+    decode_v1,
+    decode_v2,
+    encode_v1,
+    encode_v2,
+    parse_timeout_header,
+    served_by,
+)
 
 OUTPUTS = ["predict", "predict_proba"]
 

@@ -80,3 +80,27 @@ def test_the_typed_view_carries_every_value_of_the_object() -> None:
     assert (isvc.name, isvc.namespace) == ("full", "ml")
     for path, getter in FIELDS.items():
         assert getter(isvc) == _at(FULL["spec"], path), path
+
+
+def _crd_default(path: str) -> Any:
+    node = schema.object_schema()["properties"]["spec"]
+    for key in path.split("."):
+        node = node["properties"][key]
+    return node["default"]
+
+
+def test_crd_defaults_equal_the_dataclass_defaults() -> None:
+    """The runtime's and the guard's dataclasses carry defaults of their own (a runtime config
+    may omit a key; a test may build one by hand): each must be the CRD's, the one source."""
+    from dataclasses import fields
+
+    from tailguard_runtime.settings import BatchingSettings, ModelSettings, RuntimeSettings
+
+    batching = {f.name: f.default for f in fields(BatchingSettings)}
+    assert batching == {"max_batch_size": _crd_default("batching.maxBatchSize"),
+                        "max_wait_ms": _crd_default("batching.maxWaitMs"),
+                        "max_queue_size": _crd_default("batching.maxQueueSize"),
+                        "timeout_ms": _crd_default("batching.timeoutMs")}
+    assert ModelSettings.version == _crd_default("model.version") == _crd_default("fallback.version")
+    assert RuntimeSettings.stats_window_seconds == _crd_default("slo.windowSeconds")
+    assert resource.SLO.max_error_rate == _crd_default("slo.maxErrorRate")

@@ -9,10 +9,10 @@ from typing import Any, Iterator
 import jsonschema
 import pytest
 import yaml
-from harness.scene import EXAMPLES, INVALID, example
 
-from tailguard.spec import resource, schema
 from harness import REPO
+from harness.scene import EXAMPLES, INVALID, example
+from tailguard.spec import resource, schema
 
 ROOT = REPO
 SCHEMA = schema.object_schema()

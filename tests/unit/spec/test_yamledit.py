@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import REPO
 from tailguard.spec.resource import load_file
 from tailguard.spec.schema import SpecError
 from tailguard.spec.yamledit import set_batching
-from harness import REPO
 
 ROOT = REPO
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tailguard.tune.rawtable import RawRow
 from tailguard.tune.grid import Grid, PointResult, Policy, build_grid, choose
+from tailguard.tune.rawtable import RawRow
 
 
 def table(*rows: tuple[int, float, float]) -> list[RawRow]:

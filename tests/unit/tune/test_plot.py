@@ -6,9 +6,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from tailguard.tune.rawtable import RawRow
 from tailguard.tune.grid import PointResult, Policy
 from tailguard.tune.plot import plot_tune
+from tailguard.tune.rawtable import RawRow
 
 TABLE = [RawRow(1, 50, 1.0, 1.2, 1_000), RawRow(8, 40, 1.5, 1.8, 5_300)]
 POINTS = [PointResult(Policy(b, w), rps, 1.0, 2.0, p99, p99 <= 50)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tailguard.bench.plan import LoadResult
-from tailguard.tune.rawtable import RawRow
 from tailguard.bench.serving import Unusable, service_rows
 from tailguard.spec.resource import load_file
-from tailguard.tune.search import SWEEP_START_RPS, point_result, point_spec, sweep_rates
 from tailguard.tune.grid import Policy
+from tailguard.tune.rawtable import RawRow
+from tailguard.tune.search import SWEEP_START_RPS, point_result, point_spec, sweep_rates
 
 TABLE = [RawRow(1, 9, 1.0, 1.0, 900), RawRow(8, 9, 1.0, 1.0, 420), RawRow(32, 9, 2.0, 2.0, 16_000)]
 

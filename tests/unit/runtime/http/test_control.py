@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard_runtime.http.control import is_loopback, parse_switch, refusal
 from tailguard_runtime.errors import InvalidInput
+from tailguard_runtime.http.control import is_loopback, parse_switch, refusal
 
 PORT = 8080
 GOOD = [(b"host", b"127.0.0.1:8080"), (b"content-type", b"application/json; charset=utf-8"),

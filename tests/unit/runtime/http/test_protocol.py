@@ -5,8 +5,8 @@ written, then both, in order. And a served request is freed without the garbage 
 from __future__ import annotations
 
 import asyncio
-import socket
 import gc
+import socket
 import weakref
 from typing import Awaitable, Callable
 
