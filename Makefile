@@ -59,7 +59,7 @@ crds:
 	python3 hack/copy_crds.py
 
 bench: install
-	$(PY) bench/run.py
+	$(PY) benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) $(HELM_DIR) .pytest_cache

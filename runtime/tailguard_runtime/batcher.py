@@ -203,12 +203,12 @@ class Batcher:
     calls (the executor's result, then the batch loop's step), and a request reaching an idle
     model waited for a turn too. Beside a busy event loop those turns made most of the slowest
     answers: in a trace of the good client's requests beside the hostile mix of
-    ``bench/soak.py``, the slowest 1% spent (medians) 10 ms queued and 8 ms between the
+    ``benchmarks/soak.py``, the slowest 1% spent (medians) 10 ms queued and 8 ms between the
     model's end and the batch loop's step, of 44 ms. Why it waits for the answers to go out
     first: the model thread and the event loop share one GIL, so a batch started at once holds
     the GIL while the event loop waits for it to hand the last answers out, up to
     ``sys.getswitchinterval()`` (5 ms) at each hand-over. The measurements are in
-    ``bench/README.md`` ("The model thread forms the batches").
+    ``benchmarks/README.md`` ("The model thread forms the batches").
     """
 
     def __init__(self, run: Callable[[np.ndarray], Outputs], *, max_batch_size: int,

@@ -6,7 +6,7 @@ into a float64 array and divides by the tree count. With ``n_jobs=1`` the per-tr
 most of the cost: each checks its input and walks its own tree in a ``nogil`` block, so a
 200-tree forest gives the GIL away and takes it back at least 200 times per batch. Beside a
 busy event loop every one of those hand-backs can wait: beside the hostile clients of
-``bench/soak.py`` the model's p99 per batch went from 7.5 to 15 ms (``bench/README.md``).
+``benchmarks/soak.py`` the model's p99 per batch went from 7.5 to 15 ms (``benchmarks/README.md``).
 
 Here the trees are stacked once, at load, into flat arrays, and a small batch walks all
 ``(row, tree)`` pairs together, one tree level per step: seven numpy calls a level whatever the
@@ -30,7 +30,7 @@ WALK_MAX_ROW_LEVELS = 1024
 """The walk is used while rows times the deepest tree's depth is at most this; larger batches
 go tree by tree. On the 200-tree digits forest (depth 17, scikit-learn 1.9, one core) the two
 cost the same at about 64 rows (6.8 against 6.5 ms); at 256 rows the walk took 27 ms and tree
-by tree 9 ms, at 5 rows 0.6 against 2.2 ms (``bench/forest_walk.py``)."""
+by tree 9 ms, at 5 rows 0.6 against 2.2 ms (``benchmarks/forest_walk.py``)."""
 
 WALK_MAX_CELLS = 1 << 20
 """Nor is a batch walked whose ``(row, tree, class)`` leaf values would pass this many cells
@@ -126,13 +126,13 @@ def predict_proba(forest: StackedForest, x: np.ndarray) -> np.ndarray:
 
 def walk(forest: StackedForest, x: np.ndarray) -> np.ndarray:
     """:func:`predict_proba` by the level-by-level walk whatever the batch size (for tests and
-    ``bench/forest_walk.py``); same shapes and errors."""
+    ``benchmarks/forest_walk.py``); same shapes and errors."""
     return _walked(forest, _checked_float32(forest, x))
 
 
 def tree_by_tree(forest: StackedForest, x: np.ndarray) -> np.ndarray:
     """:func:`predict_proba` tree by tree whatever the batch size (for tests and
-    ``bench/forest_walk.py``); same shapes and errors."""
+    ``benchmarks/forest_walk.py``); same shapes and errors."""
     return _tree_by_tree(forest, _checked_float32(forest, x))
 
 

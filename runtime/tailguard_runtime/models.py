@@ -133,7 +133,7 @@ def forest_predict_proba(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
     """``forest.predict_proba`` computed from its stacked trees, bit for bit
     (:mod:`tailguard_runtime.forests`).
 
-    On the 200-tree digits forest (scikit-learn 1.9, one core, ``bench/forest_walk.py``): 0.6 ms
+    On the 200-tree digits forest (scikit-learn 1.9, one core, ``benchmarks/forest_walk.py``): 0.6 ms
     against 2.2 ms tree by tree for 5 rows, 1.0 against 4.2 ms for 16; beside a thread holding
     the GIL in 50 µs bursts, 1.3 against 4.1 ms for 5 rows. Above 60 rows on that forest (1,024
     rows times depth 17) the batch goes tree by tree, which is then faster

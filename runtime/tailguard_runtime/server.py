@@ -171,11 +171,11 @@ middle collection after every 3 young ones instead of 10 (what survives it moves
 generation, which is not scanned again until a full collection); a full collection considered
 after 100 middle ones instead of 10, so after 300 young ones instead of 100 (CPython also waits
 until the old generation has grown by a quarter). Open connections are long-lived tracked
-objects, about 20 each. With the defaults, beside the 1,700 sockets of ``bench/soak.py``
+objects, about 20 each. With the defaults, beside the 1,700 sockets of ``benchmarks/soak.py``
 (36,000 tracked objects), middle collections took 3-9 ms, several a second while sockets
 churned, a full one took 38-43 ms every 20 s or so, and the good client's p99 beside the
 sockets went from 17 to 35 ms. With these: middle collections of at most 2.7-4 ms, no full one
-in a 25 s run, and a p99 of 20-23 ms (``bench/README.md``). The price: cycles that outlive a
+in a 25 s run, and a p99 of 20-23 ms (``benchmarks/README.md``). The price: cycles that outlive a
 middle collection wait about three times longer for a full one. No collection in those runs
 found any garbage; cycles that die young are collected as often as before."""
 

@@ -2,7 +2,7 @@
 
 :func:`start_up` runs ``tailguard up SPEC --port 0`` in the repository root through
 :mod:`tailguard.up.child`, the one way the project starts it (``tailguard bench`` and
-bench/guard.py use it too); :class:`Up` is its ``UpProcess``. :func:`run_cli` runs one
+benchmarks/guard.py use it too); :class:`Up` is its ``UpProcess``. :func:`run_cli` runs one
 `tailguard` command to completion. Every process listens on 127.0.0.1 only and is stopped by PID.
 
 This module has a name of its own (not ``conftest``) so that test modules can import it.

@@ -1,4 +1,4 @@
-"""What a new user reads and runs first: the README's commands and tables, bench/README.md, and
+"""What a new user reads and runs first: the README's commands and tables, benchmarks/README.md, and
 `make up` (through `make -n`, which prints what would run without running it)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_readme_layout_names_the_charts_pod_monitor() -> None:
 
 
 def test_bench_readme_names_no_development_machine_path() -> None:
-    text = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
     assert not re.search(r"(?<![\w.])/(work|home|Users)/", text)
 
 

@@ -2,7 +2,7 @@
 
 :func:`run_load` drives a :class:`Target` with a schedule (:class:`~tailguard.bench.plan.OpenLoop` or
 :class:`~tailguard.bench.plan.ClosedLoop`) inside :class:`~tailguard.bench.plan.Bounds` and returns a
-:class:`~tailguard.bench.plan.LoadResult`. ``tailguard bench``, ``bench/run.py`` and the benchmarks' other
+:class:`~tailguard.bench.plan.LoadResult`. ``tailguard bench``, ``benchmarks/run.py`` and the benchmarks' other
 load all come through here; the arithmetic (schedules, percentiles, the verdict) is in
 :mod:`~tailguard.bench.plan`.
 

@@ -4,7 +4,7 @@ The classic table of online serving: per-call latency and rows per second at bat
 128 and 512, with no server, no queue and no HTTP in the way. It shows where batching stops
 paying (rows/s flattens while the call keeps getting slower), which is where ``tailguard tune``
 draws its grid, and it is the "latency and cost" baseline of ``tailguard report``. The
-project's own benchmark (``bench/predict_table.py``) times its reference model with the same
+project's own benchmark (``benchmarks/predict_table.py``) times its reference model with the same
 :func:`time_calls`.
 
 Calls run in the calling thread; the caller limits BLAS/OpenMP threads as the runtime does

@@ -1,6 +1,6 @@
 """`tailguard bench` and its load generator against real local servers over real HTTP.
 
-Servers: a real `tailguard up` serving digits (64 features), and bench/peers/null_server.py, a
+Servers: a real `tailguard up` serving digits (64 features), and benchmarks/peers/null_server.py, a
 tiny raw-asyncio server that can delay its answers, serve one request at a time, or stall once
 for a second. Everything listens on 127.0.0.1, is bounded in requests and time, and is stopped
 by PID. The machine running the suite is shared and busy, so a run's *validity* (the
@@ -29,7 +29,7 @@ from tailguard.cli.view import print_report
 from tailguard.up.child import UpProcess, start_up
 
 ROOT = REPO
-NULL_SERVER = ROOT / "bench" / "peers" / "null_server.py"
+NULL_SERVER = ROOT / "benchmarks" / "peers" / "null_server.py"
 TAILGUARD = [sys.executable, "-m", "tailguard.cli.main"]
 ROOM = ["--max-lag-ms", "10000"]  # validity is not what these runs test (see the docstring)
 
@@ -55,7 +55,7 @@ spec:
 
 
 class NullServer:
-    """bench/peers/null_server.py on a free port, with ``args``."""
+    """benchmarks/peers/null_server.py on a free port, with ``args``."""
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen([sys.executable, str(NULL_SERVER), "--port", "0", *args],

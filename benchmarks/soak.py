@@ -1,8 +1,8 @@
 """A bounded soak: the hostile mix of issue 9 beside a good client, against a real runtime.
 
-    .venv/bin/python bench/soak.py                    # about 6 minutes
-    .venv/bin/python bench/soak.py --duration 30 --ab-rounds 0
-    .venv/bin/python bench/soak.py --duration 20 --ab-rounds 0 --hostile bombs,padded
+    .venv/bin/python benchmarks/soak.py                    # about 6 minutes
+    .venv/bin/python benchmarks/soak.py --duration 30 --ab-rounds 0
+    .venv/bin/python benchmarks/soak.py --duration 20 --ab-rounds 0 --hostile bombs,padded
 
 What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
 
@@ -31,7 +31,7 @@ What it does, all on 127.0.0.1, everything it starts stopped by PID at the end:
    ``SCHED_IDLE`` policy (``--hostile-sched``: see :data:`HOSTILE_SCHED`). All through step 3,
    phases alone included: the server's RSS every 0.25 s, and a health probe on a new
    connection every 0.5 s from a process of its own.
-5. Unless ``--ab-rounds 0``: req/s at 64 clients (``bench/loadgen.py``, the README's reference
+5. Unless ``--ab-rounds 0``: req/s at 64 clients (``benchmarks/loadgen.py``, the README's reference
    model and settings: a shell over the same generator, closed loop) of the runtime before
    (``--before`` git ref, exported with ``git archive``; by default main just before issue 9
    was merged) and after (this tree), alternating ABBA..., same cores; the ratio is the median
@@ -413,7 +413,7 @@ runs to its end before the good client, woken on the same core, gets it. A choic
 benchmark: the hostile clients stand for other machines than the good client's. Measured with
 the padded part alone, the 64 KiB buffer halved the good client's rise in p99 at the same rate
 of 413s; in the three whole soaks with it, the whole mix's rise did not shrink
-(``bench/README.md``, "Where the rest of the mix's cost comes from")."""
+(``benchmarks/README.md``, "Where the rest of the mix's cost comes from")."""
 
 
 SCHED_POLICIES = ("idle", "normal")
@@ -435,7 +435,7 @@ benchmark, as :data:`PADDED_SNDBUF` is: the hostile clients stand for other mach
 good client's, and the server's core is untouched. The load core was 11-17% busy beside the
 mix (``/proc/stat``, the default policy), so the hostile threads still send what the server lets
 them: the connection churn is unchanged, and the refused bodies and poison rows, which share
-the server's refusal budget, split it differently (``bench/README.md``, "The load core's scheduler")."""
+the server's refusal budget, split it differently (``benchmarks/README.md``, "The load core's scheduler")."""
 
 
 class Hostile:

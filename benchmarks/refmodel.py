@@ -3,7 +3,7 @@
 ``RandomForestClassifier(n_estimators=100, random_state=0)`` trained on 2,000 rows of 20
 standard-normal features drawn with ``np.random.default_rng(0)``, label ``x0 + x1 > 0``. Only
 numpy, scikit-learn and joblib are needed, so a peer's virtual environment can import this file
-too (``python bench/refmodel.py OUT.joblib``).
+too (``python benchmarks/refmodel.py OUT.joblib``).
 """
 
 from __future__ import annotations
@@ -55,5 +55,5 @@ def write_model(path: str | Path) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python bench/refmodel.py OUT.joblib")
+        sys.exit("usage: python benchmarks/refmodel.py OUT.joblib")
     print(write_model(sys.argv[1]))

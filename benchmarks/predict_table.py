@@ -4,7 +4,7 @@ One thread, ``n_jobs=1``, BLAS/OpenMP threads limited to 1 (threadpoolctl). For 
 the model's ``predict`` is called repeatedly on fixed rows; the table gives the median wall time
 of one call (ms) and the rows per second that median implies (``batch / median``).
 
-    .venv/bin/python bench/predict_table.py [--cpu 0] [--seconds 3] [--json OUT.json]
+    .venv/bin/python benchmarks/predict_table.py [--cpu 0] [--seconds 3] [--json OUT.json]
 
 Bounded: about ``--seconds`` per batch size (default 3 s, 6 sizes: under 30 s in all).
 """
@@ -50,7 +50,7 @@ def run(batches: Sequence[int] = DEFAULT_BATCHES, seconds: float = 3.0,
         cpu: int | None = None) -> list[dict[str, float]]:
     """Build the reference model and time it at each batch size (see :func:`time_predict`).
 
-    ``cpu`` pins this process to one core first (Linux only), like the server in bench/run.py.
+    ``cpu`` pins this process to one core first (Linux only), like the server in benchmarks/run.py.
     """
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu})

@@ -1,12 +1,12 @@
 """How much the load generator itself can offer from one core, open loop, and still be valid.
 
-Starts bench/peers/null_server.py (answers at once) pinned to the server core, then runs
+Starts benchmarks/peers/null_server.py (answers at once) pinned to the server core, then runs
 ``tailguard bench URL --rate R`` pinned to the client core for each rate, and prints a Markdown
 table: offered and achieved req/s, latency, the generator's p99 schedule lag and CPU, whether
 the run was valid (p99 lag <= 1 ms, CPU <= 90%), and how much CPU other processes used meanwhile
 (the machine may be shared: a busy neighbour makes the generator late, and the run invalid).
 
-    .venv/bin/python bench/generator.py --rates 5000,10000,15000,20000 --duration 10
+    .venv/bin/python benchmarks/generator.py --rates 5000,10000,15000,20000 --duration 10
 
 Bounded: each run sends at most rate x (warm-up + duration) requests; every process started
 here listens on or targets 127.0.0.1 and is stopped by PID.

@@ -1,4 +1,4 @@
-"""The closed-loop load of bench/run.py: the project's load generator, sending the reference model's
+"""The closed-loop load of benchmarks/run.py: the project's load generator, sending the reference model's
 rows in each peer's own request format.
 
 ``N`` clients, each on its own keep-alive connection, send one request (one row of the reference
@@ -7,9 +7,9 @@ and then a measured window; it stops by itself when the window ends or ``--max-r
 requests have been sent. The generator is :mod:`tailguard.bench.loadgen` (the one behind
 ``tailguard bench``); this script only builds the bodies, since the peers do not all speak the
 Open Inference Protocol v2 (``tailguard bench`` reads v2 metadata; mosec and the plain FastAPI
-app have none), and prints the report in the keys bench/run.py reads:
+app have none), and prints the report in the keys benchmarks/run.py reads:
 
-    python bench/loadgen.py --url http://127.0.0.1:8080/v2/models/ref/infer --format v2 \\
+    python benchmarks/loadgen.py --url http://127.0.0.1:8080/v2/models/ref/infer --format v2 \\
         --clients 64 --duration 10 --warmup 3
 
 ``req_per_s``: 200 answers to requests sent in the window, per second of window; ``p50_ms`` ...
@@ -44,7 +44,7 @@ def encode_body(row: Sequence[float], fmt: str) -> bytes:
     """The JSON body that carries one row in protocol ``fmt``.
 
     ``v2``: Open Inference Protocol (tailguard, MLServer), a tensor ``x`` of shape ``[1, 20]``;
-    ``v1``: KServe v1 ``{"instances": [row]}``; ``mosec``: ``{"x": row}`` (bench/peers/mosec_server.py).
+    ``v1``: KServe v1 ``{"instances": [row]}``; ``mosec``: ``{"x": row}`` (benchmarks/peers/mosec_server.py).
     """
     data = [float(v) for v in row]
     if fmt == "v2":
@@ -60,7 +60,7 @@ def encode_body(row: Sequence[float], fmt: str) -> bytes:
 
 
 def report(result: LoadResult, clients: int, url: str, fmt: str, warmup_s: float) -> dict[str, Any]:
-    """The keys bench/run.py and its tables read (see the module docstring)."""
+    """The keys benchmarks/run.py and its tables read (see the module docstring)."""
     lat = result.latency_ms
     mean = float(result.latencies_s.mean()) * 1e3 if result.latencies_s.size else float("nan")
     kinds = {**result.http_errors, **result.transport_errors}

@@ -8,7 +8,7 @@ alone and beside a thread that stands in for a busy event loop: it runs Python f
 at a time and then releases the GIL for a moment (``time.sleep(0)``), as uvloop does between
 I/O callbacks. A path that gives the GIL away often waits for it each time.
 
-    .venv/bin/python bench/forest_walk.py [--cpu 0] [--calls 60]
+    .venv/bin/python benchmarks/forest_walk.py [--cpu 0] [--calls 60]
 
 Bounded: ``--calls`` calls per path, batch size and setting (under a minute at the default).
 Prints a Markdown table of median and p99 ms per call.

@@ -1,29 +1,29 @@
 """The whole benchmark in one command: tailguard against its peers, on two pinned cores.
 
-    .venv/bin/python bench/run.py                 # full run, 5-8 minutes
-    .venv/bin/python bench/run.py --quick         # 3 s points, a smoke run (~2 minutes)
-    .venv/bin/python bench/run.py --targets tailguard --clients 64
+    .venv/bin/python benchmarks/run.py                 # full run, 5-8 minutes
+    .venv/bin/python benchmarks/run.py --quick         # 3 s points, a smoke run (~2 minutes)
+    .venv/bin/python benchmarks/run.py --targets tailguard --clients 64
 
 What it does, in order:
 
-1. trains the reference model (bench/refmodel.py) into a fresh temporary folder;
-2. times raw in-process ``predict`` on the server core (bench/predict_table.py);
+1. trains the reference model (benchmarks/refmodel.py) into a fresh temporary folder;
+2. times raw in-process ``predict`` on the server core (benchmarks/predict_table.py);
 3. measures the load generator's own ceiling against a do-nothing server
-   (bench/peers/null_server.py), so a saturated client would be visible;
+   (benchmarks/peers/null_server.py), so a saturated client would be visible;
 4. for each target (tailguard with batching on and off, the same calling scikit-learn's own
    ``predict_proba`` with batching on and off, and mosec, MLServer and a plain FastAPI app when
    available) starts the server pinned to the server core
    (``taskset -c 0``), checks one answer, then runs the closed-loop load generator
-   (bench/loadgen.py) pinned to the client core (``taskset -c 1``) at 1, 16 and 64 clients,
+   (benchmarks/loadgen.py) pinned to the client core (``taskset -c 1``) at 1, 16 and 64 clients,
    each point a warm-up followed by a measured window, and stops the server (SIGTERM, then
    SIGKILL of its own process group after 20 s);
 5. runs tailguard (batching on) and mosec side by side in interleaved short points at 64
    clients (``--ab-rounds``), so that a drift in the machine's speed hits both alike;
 6. prints Markdown tables and the targets verdict, and writes everything as JSON to
-   ``bench/results/`` (gitignored).
+   ``benchmarks/results/`` (gitignored).
 
-Peers run from their own virtual environments under ``bench/.venvs/`` (``bash
-bench/setup_peers.sh`` creates them); a peer whose environment is missing is skipped with a
+Peers run from their own virtual environments under ``benchmarks/.venvs/`` (``bash
+benchmarks/setup_peers.sh`` creates them); a peer whose environment is missing is skipped with a
 message. Every server listens on 127.0.0.1 only; every process this script starts is stopped by
 it (by PID, or by the process group it created for that server). ``--max-minutes`` bounds the
 whole run: points that would start after it are skipped. On a shared machine, each point first
@@ -308,7 +308,7 @@ def scrape_tailguard(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ..
 
 
 def peer_python(name: str) -> Path | None:
-    """The peer venv's interpreter, or None when bench/.venvs/NAME is missing."""
+    """The peer venv's interpreter, or None when benchmarks/.venvs/NAME is missing."""
     python = VENVS / name / "bin" / "python"
     return python if python.exists() else None
 
@@ -371,7 +371,7 @@ def build_targets(selected: Sequence[str], model: Path) -> list[Target]:
     if "mosec" in selected:
         python = peer_python("mosec")
         if python is None:
-            log("skipping mosec: bench/.venvs/mosec is missing (run `bash bench/setup_peers.sh`)")
+            log("skipping mosec: benchmarks/.venvs/mosec is missing (run `bash benchmarks/setup_peers.sh`)")
         else:
             targets.append(Target(
                 "mosec", "batching 32 rows / 5 ms", "mosec", "/inference",
@@ -380,8 +380,8 @@ def build_targets(selected: Sequence[str], model: Path) -> list[Target]:
     if "mlserver" in selected:
         python = peer_python("mlserver")
         if python is None or not (python.parent / "mlserver").exists():
-            log("skipping mlserver: bench/.venvs/mlserver is missing "
-                "(run `bash bench/setup_peers.sh`)")
+            log("skipping mlserver: benchmarks/.venvs/mlserver is missing "
+                "(run `bash benchmarks/setup_peers.sh`)")
         else:
             def prepare_mlserver(port: int, workdir: Path) -> None:
                 repo = workdir / f"mlserver-{port}"
@@ -411,7 +411,7 @@ def build_targets(selected: Sequence[str], model: Path) -> list[Target]:
 
 def run_loadgen(url: str, fmt: str, clients: int, duration_s: float, warmup_s: float,
                 cpu: int | None, max_requests: int, show_warnings: bool = True) -> dict[str, Any]:
-    """Run bench/loadgen.py in its own process (pinned to ``cpu``) and return its JSON report.
+    """Run benchmarks/loadgen.py in its own process (pinned to ``cpu``) and return its JSON report.
 
     Raises:
         RuntimeError: the load generator failed or overran its hard timeout.
@@ -498,7 +498,7 @@ def measure_target(target: Target, workdir: Path, clients: Sequence[int], args: 
 
 
 def loadgen_ceiling(workdir: Path, args: argparse.Namespace) -> dict[str, Any] | None:
-    """The load generator at 64 clients against bench/peers/null_server.py (3 s window)."""
+    """The load generator at 64 clients against benchmarks/peers/null_server.py (3 s window)."""
     null = Target("null-server", "answers at once", "v2", "/v2/models/ref/infer",
                   lambda port, wd: [PYTHON, str(BENCH / "peers" / "null_server.py"),
                                     "--port", str(port)], ready_timeout_s=20.0)
@@ -514,7 +514,7 @@ def loadgen_ceiling(workdir: Path, args: argparse.Namespace) -> dict[str, Any] |
 
 
 def predict_table(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """bench/predict_table.py on the server core; its rows (see that module)."""
+    """benchmarks/predict_table.py on the server core; its rows (see that module)."""
     out = Path(tempfile.mkstemp(prefix="predict-", suffix=".json")[1])
     try:
         argv = pinned([PYTHON, str(BENCH / "predict_table.py"), "--seconds",
@@ -744,7 +744,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ab-warmup", type=float, default=1.0)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3 s points, 1 s warm-up, 1 s per predict batch size")
-    parser.add_argument("--out", help="JSON results file (default bench/results/bench-<time>.json)")
+    parser.add_argument("--out", help="JSON results file (default benchmarks/results/bench-<time>.json)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.predict_seconds = 3.0, 1.0, 1.0

@@ -5,7 +5,7 @@ synchronous route (FastAPI runs it in its thread pool), one ``predict_proba`` ca
 Serves KServe v1 ``POST /v1/models/ref:predict`` with ``{"instances": [[20 floats]]}`` and answers
 ``{"predictions": [label]}``. Runs in the project's own environment (FastAPI, uvicorn).
 
-    .venv/bin/python bench/peers/fastapi_plain.py --model /abs/model.joblib --port 9300
+    .venv/bin/python benchmarks/peers/fastapi_plain.py --model /abs/model.joblib --port 9300
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Create the peer servers' virtual environments under bench/.venvs/ (gitignored), one per peer,
+# Create the peer servers' virtual environments under benchmarks/.venvs/ (gitignored), one per peer,
 # so their dependencies never touch the project's own environment:
 #
-#   bench/.venvs/mosec     mosec==0.9.8 + numpy, scikit-learn, joblib
-#   bench/.venvs/mlserver  mlserver==1.7.1 + mlserver-sklearn==1.7.1 + uvloop==0.21.0
+#   benchmarks/.venvs/mosec     mosec==0.9.8 + numpy, scikit-learn, joblib
+#   benchmarks/.venvs/mlserver  mlserver==1.7.1 + mlserver-sklearn==1.7.1 + uvloop==0.21.0
 #
-# Run once:   bash bench/setup_peers.sh            (both)
-#             bash bench/setup_peers.sh mosec      (only one)
+# Run once:   bash benchmarks/setup_peers.sh            (both)
+#             bash benchmarks/setup_peers.sh mosec      (only one)
 # PYTHON=/path/to/python3.11 picks the interpreter (default: python3.11, else python3).
 # Re-running is safe: an existing venv is reused and pip only installs what is missing.
-# Not part of CI: bench/run.py skips a peer whose venv is missing.
+# Not part of CI: benchmarks/run.py skips a peer whose venv is missing.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,6 +1,6 @@
 """A do-nothing HTTP/1.1 server: answers every POST at once with a fixed small JSON body.
 
-It measures the load generator's own ceiling (bench/run.py and the README's number run against
+It measures the load generator's own ceiling (benchmarks/run.py and the README's number run against
 it) and serves the load generator's tests: ``GET /v2/models/NAME`` answers Open Inference
 Protocol v2 model metadata (``--features`` FP64 inputs, ``parameters.uri`` a builtin digits
 model unless ``--uri`` names another, so that ``tailguard bench`` finds rows); other GETs
@@ -12,7 +12,7 @@ answer 404. For the load generator's tests it can also misbehave on purpose:
 * ``--serial``: with ``--delay-ms``, one request at a time (a server of capacity 1000/D req/s,
   the rest queued in arrival order).
 
-    python bench/peers/null_server.py --port 9000 [--host 127.0.0.1] [--stall-at 1.5]
+    python benchmarks/peers/null_server.py --port 9000 [--host 127.0.0.1] [--stall-at 1.5]
 """
 
 from __future__ import annotations

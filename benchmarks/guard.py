@@ -17,7 +17,7 @@ bench` in a separate process (evenly spaced arrivals, one record per request):
    (default 100, 4x); count rollbacks and the windows the guard called overload. The capacity
    is small so that the generator outruns it even on a busy 2-core machine.
 
-    python bench/guard.py --trials 5 --idle-seconds 600 --overload-seconds 600
+    python benchmarks/guard.py --trials 5 --idle-seconds 600 --overload-seconds 600
 
 Prints one JSON object. Bounded: every load is bounded in requests and time.
 """

@@ -1,4 +1,4 @@
-"""The reference model served by mosec 0.9.8, for comparison (runs in bench/.venvs/mosec).
+"""The reference model served by mosec 0.9.8, for comparison (runs in benchmarks/.venvs/mosec).
 
 One model worker process with dynamic batching of up to 32 rows, waiting at most 5 ms for
 batch-mates; JSON in, JSON out through mosec's default (de)serialization. Route
@@ -6,7 +6,7 @@ batch-mates; JSON in, JSON out through mosec's default (de)serialization. Route
 ``{"predict": label, "predict_proba": [p0, p1]}`` (both from one ``predict_proba`` pass, the
 same work the tailguard runtime does per row).
 
-    bench/.venvs/mosec/bin/python bench/peers/mosec_server.py --model /abs/model.joblib \\
+    benchmarks/.venvs/mosec/bin/python benchmarks/peers/mosec_server.py --model /abs/model.joblib \\
         --address 127.0.0.1 --port 9100 [--max-batch-size 32] [--max-wait-ms 5]
 
 Every other option is mosec's own (``--timeout``, ``--log-level``...).

@@ -1,7 +1,7 @@
 """The operator at scale on a real control plane: N InferenceServices on kwok nodes.
 
-    .venv/bin/python bench/cluster_scale.py                # 200 services (about 5 minutes)
-    .venv/bin/python bench/cluster_scale.py --services 20  # a smoke run
+    .venv/bin/python benchmarks/cluster_scale.py                # 200 services (about 5 minutes)
+    .venv/bin/python benchmarks/cluster_scale.py --services 20  # a smoke run
 
 Starts the same control plane as the tests (``tests/kubecluster``; binaries from
 ``hack/kube/build.py``), installs the chart with the real helm, runs the operator as the chart
@@ -30,15 +30,17 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "hack" / "kube"))
+sys.path.insert(0, str(REPO / "tests"))  # the test harness, as a package
 
 import yaml  # noqa: E402
-from build import DEFAULT_TAG  # noqa: E402
-from kubecluster.audit import AuditLog  # noqa: E402
-from kubecluster.client import Client  # noqa: E402
-from kubecluster.controlplane import ControlPlane, bindir  # noqa: E402
-from kubecluster.install import install  # noqa: E402
+
+from harness.hack import load  # noqa: E402
+from harness.kube.audit import AuditLog  # noqa: E402
+from harness.kube.client import Client  # noqa: E402
+from harness.kube.controlplane import ControlPlane, bindir  # noqa: E402
+from harness.kube.install import install  # noqa: E402
+
+DEFAULT_TAG = load("build").DEFAULT_TAG
 
 
 def ready_times(admin: Client, namespace: str) -> dict[str, str]:
