@@ -41,7 +41,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -66,6 +65,8 @@ sys.path.insert(0, str(BENCH))
 from loadgen import encode_body  # noqa: E402
 from refmodel import sample_rows, write_model  # noqa: E402
 
+from tailguard._util.net import free_port  # noqa: E402
+
 
 class Interrupted(Exception):
     """SIGTERM or SIGINT reached the orchestrator: stop what runs and clean up."""
@@ -78,13 +79,6 @@ def _on_signal(signum: int, _frame: Any) -> None:
 def log(message: str) -> None:
     """Progress line on stderr (the tables go to stdout)."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pinned(argv: Sequence[str], cpu: int | None) -> list[str]:

@@ -75,6 +75,8 @@ from typing import Any, Iterator, Sequence
 import httpx
 import yaml
 
+from tailguard._util.net import free_port
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 PYTHON = sys.executable
@@ -90,12 +92,6 @@ def host_port(url: str) -> tuple[str, int]:
     """``http://HOST:PORT`` split into its host and port."""
     host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
     return host, int(port)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def digits_config() -> dict[str, Any]:

@@ -1,3 +1,6 @@
 """tailguard's batching model server: Open Inference Protocol v2 and KServe v1 over HTTP."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+__version__ = version("tailguard")
+"""The installed distribution's version (``pyproject.toml``), the one version of every part."""

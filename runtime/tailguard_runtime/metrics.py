@@ -16,10 +16,12 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_rejections_total`` | counter | refused or failed requests, by ``reason`` |
 | ``tailguard_active_model`` | gauge | 1 for the role that traffic goes to, else 0 |
 | ``tailguard_slo_p99_latency_seconds`` | gauge | the declared p99 SLO (when configured) |
-| ``tailguard_rollbacks_total`` | counter | SLO guard rollbacks (labels ``model``, ``reason``) |
 | ``tailguard_refusals_delayed_total`` | counter | refusals answered late, past the refusal budget (label ``model``) |
 | ``tailguard_connections_closed_total`` | counter | connections closed to keep the per-connection bounds (labels ``model``, ``reason``) |
 | ``tailguard_event_loop_lag_seconds`` | histogram | how late a timer due on the event loop ran, every 20 ms, a stall's missed samples included (label ``model``; :mod:`tailguard_runtime.looplag`) |
+
+The SLO guard declares its own ``tailguard_rollbacks_total`` (:mod:`tailguard.guard.rollbacks`)
+in the same default registry, so ``tailguard up`` serves it here too.
 """
 
 from __future__ import annotations
@@ -61,11 +63,6 @@ ACTIVE = Gauge("tailguard_active_model", "1 for the role that traffic goes to, e
 SLO_P99 = Gauge("tailguard_slo_p99_latency_seconds",
                 "The declared p99 latency SLO (spec.slo.p99LatencyMs).", LABELS)
 
-ROLLBACKS = Counter("tailguard_rollbacks",
-                    "Automatic rollbacks by the SLO guard, by the breach that caused them.",
-                    ("model", "reason"))
-ROLLBACK_REASONS = ("latency", "deadline", "errors")
-"""The breach kinds of :mod:`tailguard.guard.policy`, in the order it reports them."""
 REFUSALS_DELAYED = Counter("tailguard_refusals_delayed",
                            "Refusals (4xx for the client's own request) answered after the "
                            "refusal delay, past the refusal budget.", ("model",))
@@ -151,16 +148,3 @@ def bind(model: str, version: str, role: str, *, slo_p99_s: float | None = None)
         count_ok=REQUESTS.labels(*labels, "200").inc,
         labels=labels,
     )
-
-
-def bind_rollbacks(model: str) -> Callable[[str], None]:
-    """The rollback counter of one InferenceService: call the result with a reason from
-    :data:`ROLLBACK_REASONS` to count one automatic rollback. Every reason is exported as 0
-    from the start."""
-    for reason in ROLLBACK_REASONS:
-        ROLLBACKS.labels(model, reason)
-
-    def count(reason: str) -> None:
-        ROLLBACKS.labels(model, reason).inc()
-
-    return count

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tailguard._util.stats import nearest_rank
+
 MAX_LAG_P99_MS = 1.0
 """A run whose p99 schedule lag exceeds this many ms is invalid: the generator did not send on
 time, so the latencies it reports are partly its own (tailguard bench's rule, issue 12)."""
@@ -145,7 +147,8 @@ def parse_rates(text: str) -> list[float]:
 
 
 def percentiles_ms(latencies_s: Sequence[float] | np.ndarray) -> dict[str, float | None]:
-    """Nearest-rank percentiles (:data:`PERCENTILES`) and the max of latencies given in seconds,
+    """Nearest-rank percentiles (:data:`PERCENTILES`, :func:`tailguard._util.stats.nearest_rank`)
+    and the max of latencies given in seconds,
     in ms, keyed ``p50``, ``p90``, ``p95``, ``p99``, ``p99.9``, ``max``; all None when empty.
 
     Nearest rank (the smallest value with at least q% of the values at or below it) never
@@ -157,8 +160,7 @@ def percentiles_ms(latencies_s: Sequence[float] | np.ndarray) -> dict[str, float
         return dict.fromkeys(keys, None)
     out: dict[str, float | None] = {}
     for q, key in zip(PERCENTILES, keys):
-        rank = max(1, math.ceil(q / 100.0 * values.size - 1e-9))
-        out[key] = round(float(values[rank - 1]) * 1e3, 3)
+        out[key] = round(nearest_rank(values, q) * 1e3, 3)
     out["max"] = round(float(values[-1]) * 1e3, 3)
     return out
 

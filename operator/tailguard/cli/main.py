@@ -14,7 +14,8 @@
 
 Every failure is one line on stderr and a non-zero exit code: 1 when the command ran and was
 refused (no server, unknown name, unreachable API server, invalid spec), 2 for bad arguments or
-a file that cannot be read, 130 on Ctrl-C.
+a file that cannot be read, 130 on Ctrl-C. A command whose optional part is not installed
+(:mod:`.extras`) says which extra to install, and exits 1.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 from typing import Sequence
 
 from tailguard.cli import bench, operator, report, status, switch, tune, up, validate
+from tailguard.cli.extras import extra_of, missing_line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,6 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tailguard {args.command}: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        extra = extra_of(exc.name)
+        if extra is None:
+            raise
+        print(missing_line(args.command, extra), file=sys.stderr)
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tailguard.cli.extras import require
 from tailguard.cli.options import add_load_window, add_max_lag, add_rows, add_table_seconds
 
 
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     """The CLI shell: read the spec, load the models, serve, gather, write; exit code."""
     import httpx
 
+    if not require("report", "tools"):
+        return 1
     from tailguard.bench.serving import (
         ServeFailed,
         Unusable,

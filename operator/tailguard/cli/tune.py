@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tailguard.cli.extras import require
 from tailguard.cli.options import add_load_window, add_max_lag, add_rows, add_table_seconds
 
 
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``tailguard tune``; returns the exit code."""
     import time
 
+    if not require("tune", "tools"):
+        return 1
     started = time.monotonic()  # the budget counts the models' load and the raw table too
     try:
         opts = _options(args)

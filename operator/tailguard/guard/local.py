@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Protocol
 
 from tailguard.guard.observe import Counts, Observation, difference, observe, status_observed
 from tailguard.guard.policy import (
@@ -36,13 +36,22 @@ from tailguard.guard.policy import (
     remember,
     rolled_forward,
 )
+from tailguard.guard.rollbacks import bind_rollbacks
 from tailguard.spec.conditions import set_condition
 from tailguard.spec.resource import InferenceService
-from tailguard_runtime import metrics
 from tailguard_runtime.service import Runtime
 from tailguard_runtime.stats import TotalsSnapshot
 
 logger = logging.getLogger(__name__)
+
+
+class Lines(Protocol):
+    """Where the guard's one-line messages go: a text file, or ``tailguard up``'s status
+    line (:class:`tailguard.up.statusline.StatusLine`), which shows them above itself."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 class LocalGuard:
@@ -53,7 +62,7 @@ class LocalGuard:
     :meth:`tick` by hand.
     """
 
-    def __init__(self, runtime: Runtime, isvc: InferenceService, out: TextIO, *,
+    def __init__(self, runtime: Runtime, isvc: InferenceService, out: Lines, *,
                  clock: Callable[[], float] = time.perf_counter,
                  wall: Callable[[], float] = time.time) -> None:
         self.runtime = runtime
@@ -68,7 +77,7 @@ class LocalGuard:
         self._previous: dict[str, TotalsSnapshot] = {}
         self._last_s: float | None = None
         self._seen_role = runtime.active_role
-        self._count_rollback = metrics.bind_rollbacks(runtime.name)
+        self._count_rollback = bind_rollbacks(runtime.name)
         self._events: dict[str, str] = {}  # wall times of the guard's own actions, RFC 3339
         self._conditions: list[dict[str, Any]] = []
 
@@ -200,7 +209,7 @@ class LocalGuard:
     def _say(self, text: str) -> None:
         line = f"{self.runtime.name}: {text}"
         logger.info("slo guard service=%s %s", self.runtime.name, text)
-        self.out.write(("\r\x1b[2K" if self.out.isatty() else "") + line + "\n")
+        self.out.write(line + "\n")
         self.out.flush()
 
     def _iso(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from tailguard._util.markdown import table as markdown_table
 from tailguard.tune.rawtable import RawRow, markdown
 
 LOCAL_PORT = 8080
@@ -30,14 +31,7 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return out + [""]
-
-
-def _cell(value: Any) -> str:
-    text = "-" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return [markdown_table(head, rows), ""]
 
 
 def _ms(value: Any) -> str:

@@ -20,6 +20,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tailguard._util.markdown import table as markdown_table
+from tailguard._util.stats import nearest_rank
+
 BATCH_SIZES = (1, 8, 32, 128, 512)
 """Rows per call of the table (issue 13: the sizes that show where batching stops paying)."""
 
@@ -47,7 +50,7 @@ def time_calls(call: Callable[[np.ndarray], Any], x: np.ndarray, *, seconds: flo
 
     Runs ``warmup_calls`` untimed calls, then calls until ``seconds`` have passed (at least
     ``min_calls``, at most ``max_calls`` calls). The 90th percentile is the nearest-rank value
-    at index ``int(0.9 * (n - 1))`` of the sorted times. Raises whatever ``call`` raises.
+    (:func:`tailguard._util.stats.nearest_rank`). Raises whatever ``call`` raises.
     """
     for _ in range(warmup_calls):
         call(x)
@@ -60,7 +63,7 @@ def time_calls(call: Callable[[np.ndarray], Any], x: np.ndarray, *, seconds: flo
     times.sort()
     median = statistics.median(times)
     batch = int(x.shape[0])
-    return RawRow(batch, len(times), median * 1e3, times[int(0.9 * (len(times) - 1))] * 1e3,
+    return RawRow(batch, len(times), median * 1e3, nearest_rank(times, 90) * 1e3,
                   batch / median if median > 0 else float("inf"))
 
 
@@ -84,9 +87,7 @@ def raw_table(call: Callable[[np.ndarray], Any], rows: np.ndarray,
 
 def markdown(table: Sequence[RawRow]) -> str:
     """The table as Markdown: batch, median and p90 ms per call, rows/s, calls."""
-    lines = ["| batch (rows) | ms per call (median) | ms per call (p90) | rows/s | calls |",
-             "|---:|---:|---:|---:|---:|"]
-    for r in table:
-        lines.append(f"| {r.batch} | {r.median_ms:.2f} | {r.p90_ms:.2f} | "
-                     f"{r.rows_per_s:,.0f} | {r.calls} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["batch (rows)", "ms per call (median)", "ms per call (p90)", "rows/s", "calls"],
+        ([r.batch, f"{r.median_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.rows_per_s:,.0f}", r.calls]
+         for r in table), align="rrrrr")

@@ -20,6 +20,7 @@ from tailguard.guard.local import LocalGuard
 from tailguard.spec.resource import InferenceService, read_file
 from tailguard.spec.schema import SpecError
 from tailguard.up.control import new_secret, remove_control_file, write_control_file
+from tailguard.up.statusline import StatusLine
 from tailguard_runtime.errors import ModelLoadError
 from tailguard_runtime.models import Predictor
 from tailguard_runtime.server import (
@@ -75,17 +76,12 @@ def status_line(runtime: Runtime, now: float, guard: LocalGuard | None = None) -
             f"(last {snap['windowSeconds']:.0f}s)")
 
 
-async def report_status(runtime: Runtime, out: TextIO, interval_s: float, live: bool,
+async def report_status(runtime: Runtime, shown: StatusLine, interval_s: float,
                         guard: LocalGuard | None = None) -> None:
-    """Print :func:`status_line` every ``interval_s`` seconds, rewriting one line if ``live``."""
+    """Show :func:`status_line` every ``interval_s`` seconds."""
     while True:
         await asyncio.sleep(interval_s)
-        line = status_line(runtime, time.perf_counter(), guard)
-        if live:
-            out.write("\r\x1b[2K" + line)
-        else:
-            out.write(line + "\n")
-        out.flush()
+        shown.update(status_line(runtime, time.perf_counter(), guard))
 
 
 def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: str = "tailguard",
@@ -133,22 +129,21 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
         sock.close()
         return 2
     print(_banner(isvc, base_url(host, bound), command), file=out, flush=True)
-    live = out.isatty()
-    guard = LocalGuard(runtime, isvc, out)
+    shown = StatusLine(out)
+    guard = LocalGuard(runtime, isvc, shown)
     runtime.status_source = guard.status
 
     async def started(server: DrainingServer) -> None:
         await asyncio.gather(
             guard.run(),
-            report_status(runtime, out, 1.0 if live else float(isvc.slo.window_seconds), live,
-                          guard))
+            report_status(runtime, shown, 1.0 if shown.terminal
+                          else float(isvc.slo.window_seconds), guard))
 
     try:
-        run(serve(runtime, sock, on_started=started))
+        with shown:
+            run(serve(runtime, sock, on_started=started))
     finally:
         remove_control_file(control)
-    if live:
-        out.write("\n")
     report = runtime.drain_report
     print(f"tailguard up: {report.line() + '; ' if report else ''}stopped", file=out, flush=True)
     return 0

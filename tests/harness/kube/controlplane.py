@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -33,6 +32,7 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from harness import REPO
+from tailguard._util.net import free_port
 
 from . import pki
 
@@ -348,13 +348,6 @@ def end_with_parent() -> None:
     """In a child, before exec: ask Linux to send SIGTERM when the process that started it
     dies (``PR_SET_PDEATHSIG``), so a killed test run leaves nothing running behind."""
     _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def bindir(tag: str) -> Path:

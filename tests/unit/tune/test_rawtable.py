@@ -31,7 +31,7 @@ def test_median_p90_and_rows_per_second_come_from_the_timed_calls_only() -> None
     row = time_calls(clock.call, np.zeros((8, 3)), seconds=0.0, min_calls=10, clock=clock)
     assert row.calls == 10
     assert row.median_ms == pytest.approx(5.5)
-    assert row.p90_ms == pytest.approx(9.0)  # sorted index int(0.9 * 9) = 8
+    assert row.p90_ms == pytest.approx(9.0)  # nearest rank: the 9th of 10
     assert row.rows_per_s == pytest.approx(8 / 0.0055)
     assert clock.calls == 12
 
