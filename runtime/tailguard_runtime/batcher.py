@@ -78,8 +78,8 @@ WINDOW_SLACK_S = 0.010
 """Seconds a forming batch keeps in hand before the earliest deadline: the model thread's wake-up,
 which may wait for the GIL up to CPython's switch interval (``sys.getswitchinterval()``, 5 ms)
 while the event loop runs, and the answers' hand-out, which waits for a turn of the event loop.
-2 ms was too little on a busy machine: a request due in 1 s behind a 3 s window got a 504 on
-an otherwise idle server while the CI machine ran the test suite on both cores."""
+Much less than that is too little on a machine whose cores are busy with other work: a
+request's deadline passes on an otherwise idle server."""
 
 def latest_dispatch(deadline: float, batch_s: float) -> float:
     """The latest time (``perf_counter`` s) a batch holding a request due at ``deadline`` may go:
@@ -202,9 +202,8 @@ class Batcher:
     ``run_in_executor``), each batch waited for the event loop's turn twice between two model
     calls (the executor's result, then the batch loop's step), and a request reaching an idle
     model waited for a turn too. Beside a busy event loop those turns made most of the slowest
-    answers: in a trace of the good client's requests beside the hostile mix of
-    ``benchmarks/soak.py``, the slowest 1% spent (medians) 10 ms queued and 8 ms between the
-    model's end and the batch loop's step, of 44 ms. Why it waits for the answers to go out
+    answers (a trace beside the hostile mix of ``benchmarks/soak.py``). Why it waits for the
+    answers to go out
     first: the model thread and the event loop share one GIL, so a batch started at once holds
     the GIL while the event loop waits for it to hand the last answers out, up to
     ``sys.getswitchinterval()`` (5 ms) at each hand-over. The measurements are in

@@ -28,9 +28,9 @@ import numpy as np
 
 WALK_MAX_ROW_LEVELS = 1024
 """The walk is used while rows times the deepest tree's depth is at most this; larger batches
-go tree by tree. On the 200-tree digits forest (depth 17, scikit-learn 1.9, one core) the two
-cost the same at about 64 rows (6.8 against 6.5 ms); at 256 rows the walk took 27 ms and tree
-by tree 9 ms, at 5 rows 0.6 against 2.2 ms (``benchmarks/forest_walk.py``)."""
+go tree by tree. On the 200-tree digits forest (depth 17) the two cost the same at about 64
+rows, so the walk wins below that and loses above it (``benchmarks/forest_walk.py``; figures in
+``benchmarks/README.md``)."""
 
 WALK_MAX_CELLS = 1 << 20
 """Nor is a batch walked whose ``(row, tree, class)`` leaf values would pass this many cells

@@ -133,11 +133,10 @@ def forest_predict_proba(forest: Any) -> Callable[[np.ndarray], np.ndarray]:
     """``forest.predict_proba`` computed from its stacked trees, bit for bit
     (:mod:`tailguard_runtime.forests`).
 
-    On the 200-tree digits forest (scikit-learn 1.9, one core, ``benchmarks/forest_walk.py``): 0.6 ms
-    against 2.2 ms tree by tree for 5 rows, 1.0 against 4.2 ms for 16; beside a thread holding
-    the GIL in 50 µs bursts, 1.3 against 4.1 ms for 5 rows. Above 60 rows on that forest (1,024
-    rows times depth 17) the batch goes tree by tree, which is then faster
-    (:data:`forests.WALK_MAX_ROW_LEVELS`).
+    Small batches are several times faster than scikit-learn's tree-by-tree dispatch, also
+    beside a thread holding the GIL (``benchmarks/forest_walk.py``; figures in
+    ``benchmarks/README.md``). Above :data:`forests.WALK_MAX_ROW_LEVELS` row-levels the batch
+    goes tree by tree, which is then faster.
     A multi-output forest keeps scikit-learn's own ``predict_proba``.
 
     ``X`` is ``(n_rows, n_features)``; the callable returns ``(n_rows, n_classes)`` float64.

@@ -170,14 +170,12 @@ GC_THRESHOLDS = (700, 3, 100)
 middle collection after every 3 young ones instead of 10 (what survives it moves to the old
 generation, which is not scanned again until a full collection); a full collection considered
 after 100 middle ones instead of 10, so after 300 young ones instead of 100 (CPython also waits
-until the old generation has grown by a quarter). Open connections are long-lived tracked
-objects, about 20 each. With the defaults, beside the 1,700 sockets of ``benchmarks/soak.py``
-(36,000 tracked objects), middle collections took 3-9 ms, several a second while sockets
-churned, a full one took 38-43 ms every 20 s or so, and the good client's p99 beside the
-sockets went from 17 to 35 ms. With these: middle collections of at most 2.7-4 ms, no full one
-in a 25 s run, and a p99 of 20-23 ms (``benchmarks/README.md``). The price: cycles that outlive a
-middle collection wait about three times longer for a full one. No collection in those runs
-found any garbage; cycles that die young are collected as often as before."""
+until the old generation has grown by a quarter). Why: open connections are long-lived tracked
+objects, about 20 each, and with the defaults, under thousands of open sockets, middle and full
+collections scanned them again and again and stalled the event loop; with these, middle
+collections are short and full ones rare. The price: cycles that outlive a middle collection
+wait about three times longer for a full one. The measurements are in ``benchmarks/README.md``
+("The garbage collector's thresholds")."""
 
 
 def tune_garbage_collector() -> None:
@@ -185,9 +183,9 @@ def tune_garbage_collector() -> None:
     (models, modules, the app) out of its sight with :func:`gc.freeze` (Python 3.7+), and set
     :data:`GC_THRESHOLDS` if the thresholds are still CPython's 3.11/3.12 defaults (a newer
     CPython's collector, or thresholds set by whoever runs the process, are left alone).
-    Without the freeze, full collections scanned the ~150,000 objects of startup and held the
-    event loop for 100-230 ms each under the hostile-client soak, a few times a minute; with
-    it, a full collection scans only what serving created."""
+    Without the freeze, every full collection scanned the objects of startup again and held the
+    event loop for a long time under the hostile-client soak; with it, a full collection scans
+    only what serving created (``benchmarks/README.md``)."""
     gc.collect()
     gc.freeze()
     if gc.get_threshold() == CPYTHON_GC_DEFAULTS:

@@ -19,7 +19,7 @@ from tailguard._util.stats import nearest_rank
 
 MAX_LAG_P99_MS = 1.0
 """A run whose p99 schedule lag exceeds this many ms is invalid: the generator did not send on
-time, so the latencies it reports are partly its own (tailguard bench's rule, issue 12)."""
+time, so the latencies it reports are partly its own (tailguard bench's rule)."""
 MAX_CPU_SHARE = 0.90
 """A run whose generator used more than this share of one core is invalid: it was saturated."""
 MAX_FAILED_SHARE = 0.01

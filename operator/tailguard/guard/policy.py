@@ -24,9 +24,9 @@ The rules (README, "The SLO guard"):
   takes more than half of it; when such calls are rare next to the slow requests, most slow
   requests waited behind several batches (in the queue, or in a saturated process or host),
   which more capacity fixes and a rollback does not. A slow model makes (nearly) every call
-  slow. (This last rule is an addition to the issue's queue-depth rule: at
-  capacity, or with the process itself saturated, requests wait before the batcher's queue and
-  the queue depth stays under target while p99 breaks.) An overloaded window never counts
+  slow. (This rule adds to the queue-depth rule: at capacity, or with the process itself
+  saturated, requests wait before the batcher's queue and the queue depth stays under target
+  while p99 breaks.) An overloaded window never counts
   toward a rollback.
 * ``breachWindows`` consecutive breached windows of the primary that overload does not
   explain mean a broken model: with ``rollback.automatic`` roll back, otherwise report.

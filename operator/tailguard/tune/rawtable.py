@@ -24,7 +24,7 @@ from tailguard._util.markdown import table as markdown_table
 from tailguard._util.stats import nearest_rank
 
 BATCH_SIZES = (1, 8, 32, 128, 512)
-"""Rows per call of the table (issue 13: the sizes that show where batching stops paying)."""
+"""Rows per call of the table: the sizes that show where batching stops paying."""
 
 
 @dataclass(frozen=True)
