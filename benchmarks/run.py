@@ -65,6 +65,7 @@ sys.path.insert(0, str(BENCH))
 from loadgen import encode_body  # noqa: E402
 from refmodel import sample_rows, write_model  # noqa: E402
 
+from tailguard._util.markdown import table as markdown_table  # noqa: E402
 from tailguard._util.net import free_port  # noqa: E402
 
 
@@ -586,22 +587,21 @@ def _fmt(value: Any, spec: str = ",.0f") -> str:
 
 def results_table(points: Sequence[dict[str, Any]]) -> str:
     """Markdown table of the load points (one row per server, config and client count)."""
-    lines = ["| server | config | clients | req/s (= rows/s) | p50 ms | p95 ms | p99 ms | errors "
-             "| rows per model call | model busy | client CPU | other load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    head = ["server", "config", "clients", "req/s (= rows/s)", "p50 ms", "p95 ms", "p99 ms",
+            "errors", "rows per model call", "model busy", "client CPU", "other load"]
+    rows = []
     for p in points:
         if "error" in p:
-            lines.append(f"| {p['server']} | {p['config']} | {p.get('clients', '–')} | failed: "
-                         f"{p['error'].splitlines()[0][:80]} | | | | | | | | |")
+            rows.append([p["server"], p["config"], p.get("clients", "–"),
+                         f"failed: {p['error'].splitlines()[0][:80]}"] + [""] * 8)
             continue
         busy = p.get("model_busy")
-        lines.append(
-            f"| {p['server']} | {p['config']} | {p['clients']} | {_fmt(p['req_per_s'])} | "
-            f"{_fmt(p['p50_ms'], '.2f')} | {_fmt(p['p95_ms'], '.2f')} | {_fmt(p['p99_ms'], '.2f')} | "
-            f"{p['errors']} | {_fmt(p.get('mean_batch_rows'), '.1f')} | "
-            f"{'–' if busy is None else f'{100 * busy:.0f}%'} | {100 * p['client_cpu']:.0f}% | "
-            f"{_fmt(p.get('foreign_cores'), '.2f')} |")
-    return "\n".join(lines)
+        rows.append([p["server"], p["config"], p["clients"], _fmt(p["req_per_s"]),
+                     _fmt(p["p50_ms"], ".2f"), _fmt(p["p95_ms"], ".2f"), _fmt(p["p99_ms"], ".2f"),
+                     p["errors"], _fmt(p.get("mean_batch_rows"), ".1f"),
+                     "–" if busy is None else f"{100 * busy:.0f}%",
+                     f"{100 * p['client_cpu']:.0f}%", _fmt(p.get("foreign_cores"), ".2f")])
+    return markdown_table(head, rows, align="llrrrrrrrrrr")
 
 
 def _point(points: Sequence[dict[str, Any]], server: str, config_prefix: str,
@@ -678,11 +678,9 @@ def check_targets(points: Sequence[dict[str, Any]],
 
 def targets_table(checks: Sequence[dict[str, Any]]) -> str:
     """Markdown table of :func:`check_targets`."""
-    lines = ["| target | measured | met |", "|---|---|---|"]
-    for c in checks:
-        met = {True: "yes", False: "**no**", None: "n/a"}[c["met"]]
-        lines.append(f"| {c['target']} | {c['measured']} | {met} |")
-    return "\n".join(lines)
+    return markdown_table(["target", "measured", "met"], (
+        [c["target"], c["measured"], {True: "yes", False: "**no**", None: "n/a"}[c["met"]]]
+        for c in checks))
 
 
 def predict_markdown(rows: Sequence[dict[str, Any]]) -> str:
