@@ -16,7 +16,7 @@
 #   scripts/kind-demo.sh down         # delete the cluster
 #
 # DRY_RUN=1 prints the commands instead of running them (the chart tests use it to check that the
-# script, the Dockerfiles, the chart and the examples agree).
+# script, the Dockerfile, the chart and the examples agree).
 set -euo pipefail
 
 VERSION=0.1.0
@@ -110,8 +110,8 @@ cmd_up() {
   fi
 
   say "images (build context: the repository root)"
-  run docker build -t "$RUNTIME_IMAGE" -f runtime/Dockerfile .
-  run docker build -t "$OPERATOR_IMAGE" -f operator/Dockerfile .
+  run docker build --target runtime -t "$RUNTIME_IMAGE" .
+  run docker build --target operator -t "$OPERATOR_IMAGE" .
   run kind load docker-image "$RUNTIME_IMAGE" --name "$CLUSTER"
   run kind load docker-image "$OPERATOR_IMAGE" --name "$CLUSTER"
 

@@ -2,7 +2,7 @@
 
 No Docker engine or cluster runs here, so this is how the cluster path stays coherent by
 construction: image names and tags, the port, the config path and the entry commands are read
-from each place that states them (Dockerfiles, chart values and templates, manifests.py,
+from each place that states them (the Dockerfile, chart values and templates, manifests.py,
 scripts/kind-demo.sh in DRY_RUN mode, kind-config.yaml, examples/) and compared.
 """
 
@@ -12,11 +12,9 @@ import json
 import os
 import posixpath
 import re
-import shlex
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,6 +33,7 @@ from harness.chart import (
     operator_container,
     validate_object,
 )
+from harness.dockerfile import Stage, build_command, parse, pip_installs, requirement_extras
 from tailguard.operator import manifests
 from tailguard.operator.settings import OperatorSettings
 from tailguard.spec import resource
@@ -55,55 +54,14 @@ POD_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
               "tailguard.dev/inferenceservice", "tailguard.dev/role"}
 
 
-# --- Dockerfiles ----------------------------------------------------------------------------
+# --- the Dockerfile --------------------------------------------------------------------------
 
-@dataclass
-class Stage:
-    base: str
-    name: str | None
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def args(self, instruction: str) -> list[str]:
-        return [a for i, a in self.instructions if i == instruction]
-
-    def exec_form(self, instruction: str) -> list[str]:
-        (raw,) = self.args(instruction)
-        value = json.loads(raw)
-        assert isinstance(value, list), f"{instruction} must use the exec (JSON) form"
-        return value
-
-    def env(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for raw in self.args("ENV"):
-            for item in shlex.split(raw):
-                key, _, value = item.partition("=")
-                out[key] = value
-        return out
-
-
-def dockerfile(path: str) -> tuple[dict[str, str], list[Stage]]:
-    """Parse a Dockerfile into its global ARG defaults and its stages."""
-    text = (REPO / path).read_text(encoding="utf-8")
-    logical = re.sub(r"\\\n\s*", " ", "\n".join(
-        line for line in text.splitlines() if not line.lstrip().startswith("#")))
-    args: dict[str, str] = {}
-    stages: list[Stage] = []
-    for line in logical.splitlines():
-        if not line.strip():
-            continue
-        instruction, _, rest = line.strip().partition(" ")
-        instruction = instruction.upper()
-        if instruction == "FROM":
-            parts = rest.split()
-            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
-            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], parts[0])
-            stages.append(Stage(base, name))
-        elif instruction == "ARG" and not stages:
-            key, _, value = rest.partition("=")
-            args[key] = value
-        else:
-            stages[-1].instructions.append((instruction, rest.strip()))
-    return args, stages
+DOCKERFILE = parse("Dockerfile")
+TARGETS = {"runtime": RUNTIME_IMAGE, "operator": OPERATOR_IMAGE}
+"""Each final target of the Dockerfile and the image it is tagged as."""
+EXTRAS = {"runtime": frozenset(), "operator": frozenset({"operator"})}
+"""The extras of `tailguard` each target installs (pyproject.toml's optional-dependencies)."""
+VENV = "/opt/tailguard"
 
 
 def options(argv: list[str]) -> dict[str, str]:
@@ -130,34 +88,96 @@ def docker_ignored(path: str, patterns: list[str]) -> bool:
     return excluded
 
 
-DOCKERFILES = {"runtime": "runtime/Dockerfile", "operator": "operator/Dockerfile"}
+def venv_source(target: str) -> Stage:
+    """The build stage whose virtual environment the target's final stage copies: the only
+    ``COPY --from`` of the target's chain."""
+    final = DOCKERFILE.target(target)
+    copies = [c for s in DOCKERFILE.chain(final) for c in s.copies_from()]
+    assert copies == [(copies[0][0], [VENV, VENV])], copies
+    return DOCKERFILE.stage(copies[0][0])
 
 
-@pytest.mark.parametrize("image", DOCKERFILES)
-def test_image_is_multi_stage_slim_non_root_without_compilers(image: str) -> None:
-    args, stages = dockerfile(DOCKERFILES[image])
-    assert [s.name for s in stages] == ["build", None]
-    build, final = stages
-    assert build.base == final.base and final.base.startswith("python:3.11-slim")
+def distributions(extras: frozenset[str]) -> set[str]:
+    """The names of the distributions `tailguard[EXTRAS]` requires directly, its own extras
+    followed (``test`` asks for ``tailguard[operator,tools]``)."""
+    project = PYPROJECT["project"]
+    names: set[str] = set()
+    todo = [project["dependencies"], *(project["optional-dependencies"][e] for e in extras)]
+    while todo:
+        for requirement in todo.pop():
+            name, more = requirement_extras(re.split(r"[<>=!~;\s]", requirement)[0])
+            if name == project["name"]:
+                todo.extend(project["optional-dependencies"][e] for e in more)
+            else:
+                names.add(name.lower())
+    return names
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_image_is_multi_stage_slim_non_root_without_compilers(target: str) -> None:
+    final = DOCKERFILE.target(target)
+    assert final.name == target
+    build = venv_source(target)
+    chain = DOCKERFILE.chain(final)
+    assert not set(map(id, chain)) & set(map(id, DOCKERFILE.chain(build)))  # not FROM a build
+    assert DOCKERFILE.image(build) == DOCKERFILE.image(final)
+    assert DOCKERFILE.image(final).startswith("python:3.11-slim")
     required = PYPROJECT["project"]["requires-python"]
     assert required == ">=3.11"
     # Everything installs into a virtual environment that the final stage copies.
     # ... pinned to the versions CI tests (constraints.txt).
-    assert any("pip install -c constraints.txt ." in run for run in build.args("RUN"))
-    assert final.args("COPY") == ["--from=build /opt/tailguard /opt/tailguard"]
-    assert final.env()["PATH"].startswith("/opt/tailguard/bin:")
-    for run in final.args("RUN"):
+    assert any("pip install -c constraints.txt ." in run for run in DOCKERFILE.runs(build))
+    # The compilers stay in the build stages.
+    assert any("build-essential" in run for run in DOCKERFILE.runs(build))
+    assert DOCKERFILE.env(final)["PATH"].startswith(f"{VENV}/bin:")
+    for run in DOCKERFILE.runs(final):
         assert "apt-get" not in run and "pip install" not in run, run
-    assert final.args("USER") == ["10001:10001"]
-    assert any("--uid 10001" in run and "--gid 10001" in run for run in final.args("RUN"))
+    assert [user for s in chain for user in s.args("USER")] == ["10001:10001"]
+    assert any("--uid 10001" in run and "--gid 10001" in run for run in DOCKERFILE.runs(final))
+    labels = " ".join(label for s in chain for label in s.args("LABEL"))
+    assert f'org.opencontainers.image.title="tailguard-{target}"' in labels
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in labels
 
 
-@pytest.mark.parametrize("image", DOCKERFILES)
-def test_build_context_holds_what_the_image_copies_and_little_else(image: str) -> None:
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_target_copies_the_venv_of_its_own_build_with_its_extras(target: str) -> None:
+    """The runtime installs `tailguard` without extras, the operator with exactly
+    `operator`; each final stage copies its own build stage's environment, so neither carries
+    what the other needs (nor matplotlib, which only `tailguard[tools]` brings)."""
+    build = venv_source(target)
+    assert [venv_source(t).name for t in TARGETS].count(build.name) == 1
+    installs = []
+    for run in DOCKERFILE.runs(build):
+        installs += pip_installs(run)
+        commands = [command.split() for command in run.split("&&")]
+        for i, command in enumerate(commands):
+            if "install" in command and command[command.index("install") - 1].endswith("pip"):
+                # the environment's own pip checks right after each install, in the same RUN
+                assert commands[i + 1:i + 2] == [[f"{VENV}/bin/pip", "check"]], run
+                assert command[0] == f"{VENV}/bin/pip", run
+    assert installs
+    extras: set[str] = set()
+    for argv in installs:
+        assert argv[:2] == ["-c", "constraints.txt"], argv
+        for requirement in argv[2:]:
+            where, more = requirement_extras(requirement)
+            assert where == ".", argv  # the distribution in the build context
+            extras |= more
+    assert extras == EXTRAS[target]
+    carried = distributions(EXTRAS[target])
+    assert "matplotlib" not in carried
+    if target == "operator":
+        assert {"kopf", "kubernetes"} <= carried
+    else:
+        assert not {"kopf", "kubernetes"} & carried
+    assert set(PYPROJECT["project"]["optional-dependencies"]) >= EXTRAS[target]
+
+
+def test_build_context_holds_what_the_image_copies_and_little_else() -> None:
     patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
-    build = dockerfile(DOCKERFILES[image])[1][0]
-    sources = [src for copy in build.args("COPY") for src in copy.split()[:-1]]
+    copies = [copy.split() for stage in DOCKERFILE.stages for copy in stage.args("COPY")]
+    sources = [src for copy in copies if not copy[0].startswith("--from=") for src in copy[:-1]]
     assert sorted(sources) == ["README.md", "constraints.txt", "operator/tailguard/",
                                "pyproject.toml", "runtime/tailguard_runtime/"]
     for source in sources:
@@ -169,25 +189,31 @@ def test_build_context_holds_what_the_image_copies_and_little_else(image: str) -
             if "__pycache__" not in rel:
                 assert not docker_ignored(rel, patterns), f"{rel} is needed but .dockerignore drops it"
     for outside in ("tests/chart/support.py", "benchmarks/refmodel.py", ".git/HEAD", "charts/tailguard/Chart.yaml",
-                    "runtime/tailguard_runtime/__pycache__/x.pyc"):
+                    "runtime/tailguard_runtime/__pycache__/x.pyc", "Dockerfile"):
         assert docker_ignored(outside, patterns), outside
 
 
 def test_runtime_image_entry_point_and_environment() -> None:
-    final = dockerfile(DOCKERFILES["runtime"])[1][1]
+    final = DOCKERFILE.target("runtime")
+    assert DOCKERFILE.target(None) is final  # `docker build .` builds the runtime
     assert final.exec_form("ENTRYPOINT") == ["tailguard-runtime"]
     cmd = options(final.exec_form("CMD"))
     assert cmd == {"--config": "/etc/tailguard/runtime.json", "--host": "0.0.0.0",
                    "--port": str(manifests.PORT)}
     assert final.args("EXPOSE") == [str(manifests.PORT)]
-    env = final.env()
+    env = DOCKERFILE.env(final)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         assert env[var] == "1"
+    # The build fails if a bundled demo dataset cannot be read offline.
+    assert any("load_dataset(n) for n in DATASETS" in run for run in final.args("RUN"))
 
 
 def test_operator_image_entry_point_and_health_port(helm4: Helm) -> None:
-    final = dockerfile(DOCKERFILES["operator"])[1][1]
+    final = DOCKERFILE.target("operator")
     assert final.exec_form("ENTRYPOINT") == ["tailguard", "operator"]
+    # The build fails if the operator's modules or the packaged CRD are missing.
+    assert any("import tailguard.operator.handlers, tailguard.spec.schema as s; s.crd()" in run
+               for run in final.args("RUN"))
     container = operator_container(helm4.template())
     assert "command" not in container and "args" not in container  # the image's entry point
     endpoint = env_of(container)["TAILGUARD_LIVENESS_ENDPOINT"]
@@ -235,7 +261,7 @@ def _runtime_container(role: str, settings: OperatorSettings) -> dict[str, Any]:
 
 @pytest.mark.parametrize("role", manifests.ROLES)
 def test_runtime_pods_run_the_image_as_its_dockerfile_says(role: str) -> None:
-    final = dockerfile(DOCKERFILES["runtime"])[1][1]
+    final = DOCKERFILE.target("runtime")
     pod = _runtime_pod(role, OperatorSettings())
     container = _runtime_container(role, OperatorSettings())
     command = container["command"]
@@ -248,10 +274,11 @@ def test_runtime_pods_run_the_image_as_its_dockerfile_says(role: str) -> None:
     volume = {v["name"]: v for v in pod["spec"]["volumes"]}[mounts[posixpath.dirname(config)]]
     assert volume["configMap"]["name"] == manifests.child_name("digits", "ConfigMap")
     assert posixpath.basename(config) == manifests.CONFIG_KEY
-    uid = int(final.args("USER")[0].split(":")[0])
+    (user,) = [u for stage in DOCKERFILE.chain(final) for u in stage.args("USER")]
+    uid = int(user.split(":")[0])
     assert pod["spec"]["securityContext"]["runAsUser"] == uid
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert all(final.env()[k] == v for k, v in env.items() if k.endswith("_THREADS"))
+    assert all(DOCKERFILE.env(final)[k] == v for k, v in env.items() if k.endswith("_THREADS"))
     assert POD_LABELS <= set(pod["metadata"]["labels"])
     assert pod["metadata"]["labels"]["tailguard.dev/role"] == role
 
@@ -341,8 +368,9 @@ def test_versions_agree() -> None:
     assert VALUES["runtime"]["image"] == {"repository": "tailguard/runtime", "tag": "",
                                           "pullPolicy": "IfNotPresent"}
     assert VALUES["operator"]["image"]["repository"] == "tailguard/operator"
-    for image, path in ((RUNTIME_IMAGE, "runtime/Dockerfile"), (OPERATOR_IMAGE, "operator/Dockerfile")):
-        assert f"docker build -t {image} -f {path} ." in (REPO / path).read_text(encoding="utf-8")
+    text = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    for target, image in TARGETS.items():
+        assert f"docker build --target {target} -t {image} ." in text
 
 
 @pytest.fixture(scope="module")
@@ -358,9 +386,15 @@ def test_kind_script_builds_loads_and_creates_what_the_files_name(demo: list[lis
     cluster = kind_config["name"]
     assert find_commands(demo, "kind", "create", "cluster") == [
         ["kind", "create", "cluster", "--name", cluster, "--config", "kind-config.yaml"]]
-    assert find_commands(demo, "docker", "build") == [
-        ["docker", "build", "-t", RUNTIME_IMAGE, "-f", "runtime/Dockerfile", "."],
-        ["docker", "build", "-t", OPERATOR_IMAGE, "-f", "operator/Dockerfile", "."]]
+    builds = find_commands(demo, "docker", "build")
+    assert builds == [
+        ["docker", "build", "--target", "runtime", "-t", RUNTIME_IMAGE, "."],
+        ["docker", "build", "--target", "operator", "-t", OPERATOR_IMAGE, "."]]
+    for argv in builds:  # the repository's Dockerfile, each image from its own target
+        build = build_command(argv)
+        assert (build.context, build.dockerfile) == (".", "Dockerfile")
+        assert build.tags == (TARGETS[build.target or ""],)
+        assert parse(build.dockerfile).target(build.target).name == build.target
     assert find_commands(demo, "kind", "load") == [
         ["kind", "load", "docker-image", RUNTIME_IMAGE, "--name", cluster],
         ["kind", "load", "docker-image", OPERATOR_IMAGE, "--name", cluster]]

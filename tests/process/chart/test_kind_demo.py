@@ -30,6 +30,7 @@ from harness.chart import (
     flag_values,
     operator_container,
 )
+from harness.dockerfile import Build, build_command, parse
 from tailguard.operator import manifests, quantity
 from tailguard.spec import resource
 from tailguard_runtime.wire import decode_v2
@@ -302,11 +303,28 @@ def repo_paths(argv: list[str]) -> list[str]:
     return out
 
 
+def image_build(argv: list[str]) -> Build | None:
+    """A ``docker build --target`` of one of the repository's images, or ``None``. A build
+    without ``--target`` is of an image derived from them (its own Dockerfile, elsewhere)."""
+    if argv[:2] != ["docker", "build"]:
+        return None
+    build = build_command(argv)
+    return build if build.target is not None else None
+
+
+def dockerfile_stages(path: str) -> set[str]:
+    """The stage names of the repository's Dockerfile at ``path`` (none if there is none)."""
+    if not (REPO / path).is_file():
+        return set()
+    return {s.name for s in parse(path).stages if s.name}
+
+
 def test_every_command_in_the_kind_doc_names_files_and_targets_that_exist() -> None:
     commands = doc_commands(DOC)
     paths: list[str] = []
     steps: list[str] = []
     targets: list[str] = []
+    builds: list[Build] = []
     for argv in commands:
         while argv and re.fullmatch(r"\w+=\S*", argv[0]):  # KEEP=1 scripts/...
             argv = argv[1:]
@@ -314,16 +332,22 @@ def test_every_command_in_the_kind_doc_names_files_and_targets_that_exist() -> N
             steps.append(argv[1])
         if argv[0] == "make":
             targets.extend(a for a in argv[1:] if "=" not in a)
+        if (build := image_build(argv)) is not None:
+            builds.append(build)
+            paths.append(build.dockerfile)
         paths.extend(repo_paths(argv))
     for path in paths:
         assert (REPO / path).exists(), f"docs/kind.md names {path}, which does not exist"
     assert set(steps) <= script_steps(), set(steps) - script_steps()
     assert set(targets) <= make_targets(), set(targets) - make_targets()
+    for build in builds:
+        assert build.target in dockerfile_stages(build.dockerfile), build
     # The check found what the page is about (it cannot pass by finding nothing).
-    assert {"kind-config.yaml", "runtime/Dockerfile", "operator/Dockerfile", "charts/tailguard",
+    assert {"kind-config.yaml", "Dockerfile", "charts/tailguard",
             "examples/digits.yaml", "crds/inferenceservice.yaml", "scripts/kind-demo.sh",
             "scripts/install-helm.sh"} <= set(paths)
     assert {"all", "up", "traffic", "load", "down"} <= set(steps)
+    assert sorted(b.target or "" for b in builds) == ["operator", "runtime"]
 
 
 def test_the_doc_checker_catches_a_missing_file_step_and_target() -> None:
@@ -334,6 +358,13 @@ def test_the_doc_checker_catches_a_missing_file_step_and_target() -> None:
                                                  [], ["charts/tailguard"]]
     assert commands[1][1] not in script_steps() and commands[2][1] not in make_targets()
     assert not (REPO / "examples/nope.yaml").exists()
+    wrong = [image_build(c) for c in doc_commands(
+        "```sh\ndocker build --target nope -t x .\n"
+        "docker build --target runtime -f runtime/Dockerfile -t x .\n```\n")]
+    assert [(b.dockerfile, b.target) for b in wrong if b] == [("Dockerfile", "nope"),
+                                                             ("runtime/Dockerfile", "runtime")]
+    assert "nope" not in dockerfile_stages("Dockerfile")
+    assert not (REPO / "runtime/Dockerfile").exists() and not dockerfile_stages("runtime/Dockerfile")
 
 
 def test_the_demo_applies_the_example_these_tests_read() -> None:
