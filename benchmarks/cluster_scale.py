@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/cluster_scale.py                # 200 services (about 5 minutes)
     .venv/bin/python benchmarks/cluster_scale.py --services 20  # a smoke run
 
-Starts the same control plane as the tests (``tests/kubecluster``; binaries from
+Starts the same control plane as the tests (``tests/harness/kube``; binaries from
 ``hack/kube/build.py``), installs the chart with the real helm, runs the operator as the chart
 deploys it (its ServiceAccount, its RBAC, its environment, the chart's default resync period
 unless ``--resync-seconds``), creates N InferenceServices at once and reports:

@@ -31,7 +31,7 @@ EXAMPLE=examples/digits.yaml
 NAME=digits
 NAMESPACE=default
 # Charts the demo installs, pinned: their default resource requests count toward the node size
-# docs/kind.md states (tests/chart/test_kind_demo.py adds them up).
+# docs/kind.md states (tests/process/chart/test_kind_demo.py adds them up).
 METRICS_SERVER_CHART=3.13.1
 KUBE_PROMETHEUS_STACK_CHART=88.5.3
 PROMETHEUS_ADAPTER_CHART=5.3.0

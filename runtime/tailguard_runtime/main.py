@@ -51,12 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     limit_threads()
     try:
         with open(args.config, encoding="utf-8") as fh:
-            config = json.load(fh)
+            settings = RuntimeSettings.from_config(json.load(fh))
         if args.role:
-            config = {**config,
-                      "models": [m for m in config["models"] if m.get("role") == args.role]}
-        settings = dataclasses.replace(RuntimeSettings.from_config(config),
-                                       fast_forests=args.fast_forests)
+            settings = settings.for_role(args.role)
+        settings = dataclasses.replace(settings, fast_forests=args.fast_forests)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"tailguard-runtime: bad config {args.config}: {type(exc).__name__}: {exc}",
               file=sys.stderr)

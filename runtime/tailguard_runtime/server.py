@@ -30,6 +30,7 @@ from tailguard_runtime.http.connections import bounded_protocol, raise_fd_limit
 from tailguard_runtime.looplag import LoopLagProbe
 from tailguard_runtime.metrics import EVENT_LOOP_LAG
 from tailguard_runtime.service import Runtime
+from tailguard_runtime.settings import RuntimeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ async def follow_traffic(runtime: Runtime, config_path: str, role: str,
             if mtime != last_mtime:
                 last_mtime = mtime
                 with open(config_path, encoding="utf-8") as fh:
-                    active = json.load(fh).get("activeModel", role)
+                    active = RuntimeSettings.active_model_of(json.load(fh), role)
                 if runtime.keep_alive != (active == role):
                     runtime.keep_alive = active == role
                     logger.info("traffic role=%s active=%s keep_alive=%s", role, active,

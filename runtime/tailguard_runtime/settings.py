@@ -9,6 +9,7 @@ ConfigMap. That file is written by :meth:`RuntimeSettings.to_config` and read by
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -204,6 +205,20 @@ class RuntimeSettings:
             drain_grace_seconds=float(config.get("drainGraceSeconds", 20)),
             connections=ConnectionSettings.from_config(config.get("connections", {})),
         )
+
+    @staticmethod
+    def active_model_of(config: Mapping[str, Any], default: str) -> str:
+        """The role that takes traffic, as the config's ``activeModel`` names it (``default``
+        when it names none): what a pod of one role re-reads to know whether it still serves."""
+        return str(config.get("activeModel", default))
+
+    def for_role(self, role: str) -> RuntimeSettings:
+        """These settings with only ``role``'s model (the cluster runs one role per pod).
+
+        Raises:
+            ValueError: no model has that role.
+        """
+        return dataclasses.replace(self, models=tuple(m for m in self.models if m.role == role))
 
     def to_config(self, active_model: str) -> dict[str, Any]:
         """The runtime config JSON that :meth:`from_config` reads back, with ``activeModel``

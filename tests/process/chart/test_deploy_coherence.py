@@ -188,7 +188,7 @@ def test_build_context_holds_what_the_image_copies_and_little_else() -> None:
             rel = file.relative_to(REPO).as_posix()
             if "__pycache__" not in rel:
                 assert not docker_ignored(rel, patterns), f"{rel} is needed but .dockerignore drops it"
-    for outside in ("tests/chart/support.py", "benchmarks/refmodel.py", ".git/HEAD", "charts/tailguard/Chart.yaml",
+    for outside in ("tests/harness/chart.py", "benchmarks/refmodel.py", ".git/HEAD", "charts/tailguard/Chart.yaml",
                     "runtime/tailguard_runtime/__pycache__/x.pyc", "Dockerfile"):
         assert docker_ignored(outside, patterns), outside
 

@@ -6,7 +6,7 @@ states; every command in docs/kind.md names files and targets that exist.
 The demo's commands come from ``scripts/kind-demo.sh STEP`` under ``DRY_RUN=1``
 (:func:`support.demo_commands`); the behaviour of its pieces that can run here (the port check,
 the header check, the load program) is tested against a real ``tailguard up`` in
-tests/e2e/test_kind_demo_local.py.
+tests/process/e2e/test_kind_demo_local.py.
 """
 
 from __future__ import annotations

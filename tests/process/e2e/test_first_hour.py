@@ -111,7 +111,7 @@ def test_status_of_another_name_or_port_is_one_line(iris: Up) -> None:
 GATE_MODULE = "tg_e2e_gate"
 GATE_SOURCE = '''
 """A classifier whose rows with x[0] == -1 wait for the file ``gate`` to exist, and whose loading
-waits for the file ``load_gate`` (when set) (tests/e2e/test_first_hour.py)."""
+waits for the file ``load_gate`` (when set) (tests/process/e2e/test_first_hour.py)."""
 
 import os
 import time

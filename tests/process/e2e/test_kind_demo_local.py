@@ -3,7 +3,7 @@
 server answers, its header check reads which model answered from a real reply, and the load
 program (scripts/kind-load.py) drives a real server and reports replies by status.
 
-The rest of the demo is checked statically in tests/chart/test_kind_demo.py.
+The rest of the demo is checked statically in tests/process/chart/test_kind_demo.py.
 """
 
 from __future__ import annotations

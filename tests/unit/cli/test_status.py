@@ -1,5 +1,5 @@
 """What `tailguard status` prints, from the data it fetched (pure formatting; the real CLI paths
-are in tests/e2e/test_first_hour.py and tests/e2e/test_cli.py). No cluster runs here, so the
+are in tests/process/e2e/test_first_hour.py and tests/process/e2e/test_cli.py). No cluster runs here, so the
 ``--cluster`` lines are checked on InferenceService objects shaped as the API server returns
 them: numbers the status does not hold are said to be absent, never made up."""
 

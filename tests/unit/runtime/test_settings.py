@@ -56,3 +56,14 @@ def test_the_config_written_is_the_config_read() -> None:
     plain = RuntimeSettings(name="iris", models=settings.models[:1])
     assert "connections" not in plain.to_config("primary")
     assert RuntimeSettings.from_config(plain.to_config("primary")) == plain
+
+
+def test_a_pod_of_one_role_reads_its_model_and_the_active_role_from_the_same_file() -> None:
+    both = RuntimeSettings.from_config({"name": "iris", "models": [
+        *MODELS, {"role": "fallback", "uri": "builtin://iris/random-forest"}]})
+    config = both.to_config("fallback")
+    assert [m.role for m in both.for_role("fallback").models] == ["fallback"]
+    assert RuntimeSettings.active_model_of(config, "primary") == "fallback"
+    assert RuntimeSettings.active_model_of({"name": "iris"}, "primary") == "primary"
+    with pytest.raises(ValueError, match="distinct roles"):
+        RuntimeSettings.from_config({"name": "iris", "models": MODELS}).for_role("fallback")
