@@ -2,8 +2,9 @@
 
 Every error the runtime raises on purpose is a :class:`TailguardError`: it knows its HTTP
 status code and a short ``reason`` slug (used as the ``reason`` label of the rejection counter).
-The HTTP layer renders all of them the same way, as the Open Inference Protocol's
-``{"error": "..."}`` body. Nothing here does I/O.
+One writer renders all of them, as the Open Inference Protocol's ``{"error": "..."}`` body
+(:mod:`tailguard_runtime.http.errors`), whether an ASGI route raised them or the HTTP and
+connection layers below the app refused a request. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ class TailguardError(Exception):
 
     status_code: int = 500
     reason: str = "internal"
+    closes_connection: bool = False
+    """Whether the answer ends the connection (``Connection: close``): true for refusals below
+    the app, where the rest of what the client sent cannot be trusted or is not wanted."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -117,6 +121,59 @@ class Draining(TailguardError):
 
 class GraceEnded(Draining):
     """The drain's grace period ended before the model answered this admitted request (503)."""
+
+
+class MalformedHttp(TailguardError):
+    """The HTTP parser refused the request, before any route ran: malformed (400), a request
+    target too long (414), or a method never served (``CONNECT``, 405). The parser cannot find
+    the next request in a stream it refused, so the connection closes."""
+
+    reason = "malformed_http"
+    closes_connection = True
+
+    def __init__(self, message: str, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class HeadTimeout(TailguardError):
+    """A request's head was not complete within its deadline (408, and the connection
+    closes)."""
+
+    status_code = 408
+    reason = "slow_head"
+    closes_connection = True
+
+
+class TooManyConnections(TailguardError):
+    """A new connection at the connection cap while every open one has a request in progress
+    (503, ``Retry-After: 1``, and the connection closes)."""
+
+    status_code = 503
+    reason = "connection_limit"
+    closes_connection = True
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", b"1")]
+
+
+class RouteError(TailguardError):
+    """An answer of the routing layer (Starlette's ``HTTPException``: 404 for an unknown path,
+    405 with ``Allow`` for a method a route does not serve), rendered as every other error.
+    Never counted: no model was reached."""
+
+    reason = "route"
+
+    def __init__(self, message: str, status_code: int,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self._headers = headers or []
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return self._headers
 
 
 class ModelFailed(TailguardError):

@@ -13,7 +13,7 @@ from the live objects at scrape time, so they read 0 when idle and never go miss
 | ``tailguard_queue_depth`` | gauge | rows waiting (the unit of ``maxQueueSize``) |
 | ``tailguard_in_flight_requests`` | gauge | admitted, not yet answered |
 | ``tailguard_requests_total`` | counter | answered requests, by HTTP ``code`` |
-| ``tailguard_rejections_total`` | counter | refused or failed requests, by ``reason`` |
+| ``tailguard_rejections_total`` | counter | refused or failed requests, by ``reason``; those refused below the app (``malformed_http``, ``slow_head``, ``connection_limit``) under the active role, and not in ``tailguard_requests_total`` |
 | ``tailguard_active_model`` | gauge | 1 for the role that traffic goes to, else 0 |
 | ``tailguard_slo_p99_latency_seconds`` | gauge | the declared p99 SLO (when configured) |
 | ``tailguard_refusals_delayed_total`` | counter | refusals answered late, past the refusal budget (label ``model``) |
@@ -90,7 +90,10 @@ EVENT_LOOP_LAG = Histogram("tailguard_event_loop_lag_seconds",
 
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",
                      "incomplete_body", "too_large", "invalid_input", "draining",
-                     "not_ready", "model_error", "internal")
+                     "not_ready", "model_error", "internal", "malformed_http", "slow_head",
+                     "connection_limit")
+"""The ``reason`` slugs of ``tailguard_rejections_total``: the ``reason`` of each
+:class:`~tailguard_runtime.errors.TailguardError` that is counted."""
 COMMON_CODES = ("200", "400", "408", "413", "422", "429", "500", "503", "504")
 
 
@@ -111,6 +114,11 @@ class RoleMetrics:
         REQUESTS.labels(*self.labels, str(code)).inc()
         if reason is not None:
             REJECTIONS.labels(*self.labels, reason).inc()
+
+    def count_rejection(self, reason: str) -> None:
+        """Count one request refused before it reached a route (no answer code counted): the
+        HTTP parser's and the connection bounds' refusals."""
+        REJECTIONS.labels(*self.labels, reason).inc()
 
     def observe_batch(self, rows: int, seconds: float) -> None:
         """Record one batch of ``rows`` rows whose model time was ``seconds`` (calls isolating

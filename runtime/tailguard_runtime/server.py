@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 
+from tailguard_runtime.errors import TailguardError
 from tailguard_runtime.http.app import build_app
 from tailguard_runtime.http.connections import bounded_protocol, raise_fd_limit
 from tailguard_runtime.looplag import LoopLagProbe
@@ -114,7 +115,13 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
     # otherwise take X-Forwarded-For from any 127.0.0.1 peer as the client address.
     limits = runtime.settings.connections
     raise_fd_limit()
-    config = uvicorn.Config(build_app(runtime), http=bounded_protocol(limits, model=runtime.name),
+
+    def count_refusal(exc: TailguardError) -> None:
+        # refused below the app, before any route: counted under the role traffic goes to
+        runtime.active.metrics.count_rejection(exc.reason)
+
+    protocol = bounded_protocol(limits, model=runtime.name, count_refusal=count_refusal)
+    config = uvicorn.Config(build_app(runtime), http=protocol,
                             ws="none", lifespan="off", access_log=False, log_config=None,
                             timeout_graceful_shutdown=5, server_header=False, proxy_headers=False,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
@@ -171,12 +178,13 @@ GC_THRESHOLDS = (700, 3, 100)
 middle collection after every 3 young ones instead of 10 (what survives it moves to the old
 generation, which is not scanned again until a full collection); a full collection considered
 after 100 middle ones instead of 10, so after 300 young ones instead of 100 (CPython also waits
-until the old generation has grown by a quarter). Why: open connections are long-lived tracked
-objects, about 20 each, and with the defaults, under thousands of open sockets, middle and full
-collections scanned them again and again and stalled the event loop; with these, middle
-collections are short and full ones rare. The price: cycles that outlive a middle collection
-wait about three times longer for a full one. The measurements are in ``benchmarks/README.md``
-("The garbage collector's thresholds")."""
+until the old generation has grown by a quarter). Open connections are long-lived tracked
+objects, about 20 each: with the defaults, many open sockets made middle collections
+frequent and full ones long, and both held the event loop. These make both rarer and
+shorter; the runs and the other thresholds tried are in ``benchmarks/README.md`` ("Hostile
+clients", the garbage collector's thresholds). The price: cycles that outlive a middle
+collection wait about three times longer for a full one. No collection in those runs found
+any garbage; cycles that die young are collected as often as before."""
 
 
 def tune_garbage_collector() -> None:
@@ -184,9 +192,10 @@ def tune_garbage_collector() -> None:
     (models, modules, the app) out of its sight with :func:`gc.freeze` (Python 3.7+), and set
     :data:`GC_THRESHOLDS` if the thresholds are still CPython's 3.11/3.12 defaults (a newer
     CPython's collector, or thresholds set by whoever runs the process, are left alone).
-    Without the freeze, every full collection scanned the objects of startup again and held the
-    event loop for a long time under the hostile-client soak; with it, a full collection scans
-    only what serving created (``benchmarks/README.md``)."""
+    Without the freeze, every full collection scanned all the objects of startup and held the
+    event loop for a long stretch under the hostile-client soak (figures in
+    ``benchmarks/README.md``, "Hostile clients", garbage collection); with it, a full
+    collection scans only what serving created."""
     gc.collect()
     gc.freeze()
     if gc.get_threshold() == CPYTHON_GC_DEFAULTS:
@@ -194,8 +203,9 @@ def tune_garbage_collector() -> None:
 
 
 def limit_threads() -> None:
-    """One BLAS/OpenMP thread per process: the model thread owns the core (two threads on two
-    cores halve the forest's throughput, measured on the reference machine)."""
+    """One BLAS/OpenMP thread per process: the model thread owns the core, and a second
+    thread competes with the event loop for it (see ``benchmarks/README.md``, "Figures cited
+    by the runtime's docstrings")."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1)

@@ -8,7 +8,8 @@ reply of theirs once the active role is resolved, errors included, says which mo
 ``X-Tailguard-Role``, ``X-Tailguard-Model`` (URI) and ``X-Tailguard-Model-Version`` headers, and
 in a v2 body ``model_version`` and ``parameters: {"role", "model_uri"}``. All other
 routes (metadata, ``/metrics``, the stats and traffic routes) go to a FastAPI
-app. Every error body is the protocol's ``{"error": "..."}``.
+app. Every error, on either side, is answered by the one error writer
+(:mod:`tailguard_runtime.http.errors`): the protocol's ``{"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Awaitable, Callable, MutableMapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -40,6 +41,7 @@ from tailguard_runtime.errors import (
     TailguardError,
 )
 from tailguard_runtime.http.control import add_control_routes
+from tailguard_runtime.http.errors import as_tailguard_error, asgi_error, error_response
 from tailguard_runtime.metrics import REFUSALS_DELAYED
 from tailguard_runtime.models import Predictor, check_input_range
 from tailguard_runtime.service import Runtime, ServedModel
@@ -49,7 +51,6 @@ from tailguard_runtime.wire import (
     decode_v1,
     decode_v2,
     decompress,
-    encode_error,
     encode_v1,
     encode_v2,
     max_valid_body_bytes,
@@ -70,9 +71,10 @@ HEALTH_PATHS = frozenset(("/v2/health/live", "/v2/health/ready"))
 LIVE_BODY = b'{"live":true}'
 READY_BODY = b'{"ready":true}'
 INLINE_DECODE_BYTES = 64 * 1024
-"""Plain bodies up to this size are decoded on the event loop (well under 1 ms); larger or
-compressed ones in the decode thread, so one big body never holds the loop for its whole
-parse (measured: a 512x64 body of full-precision floats takes about 6 ms to decode)."""
+"""Plain bodies up to this size are decoded on the event loop (a small share of a request's
+cost); larger or compressed ones in the decode thread, so one big body never holds the loop
+for its whole parse (the decode times are in ``benchmarks/README.md``, "Figures cited by the
+runtime's docstrings")."""
 UNPACED = (BodyTimeout, IncompleteBody, Overloaded)
 """4xx answers never delayed by the :class:`RefusalPacer`: a slow or cut-off body (the client
 is gone or its connection is closed), and 429 (load shedding, not the client's fault)."""
@@ -132,17 +134,23 @@ class InferenceApp:
         than by FastAPI: about a tenth of the cost, so that probes stay quick and a client
         pipelining them cannot buy much of the event loop."""
         runtime = self.runtime
-        status, body = 200, LIVE_BODY
+        body = LIVE_BODY
+        problem: TailguardError | None = None
         if (broken := runtime.broken) is not None:
-            status, body = 503, encode_error(broken)
+            problem = NotReady(broken)
         elif readiness:
             if runtime.draining:
-                status, body = 503, encode_error("runtime is draining")
+                problem = Draining("runtime is draining")
             elif not runtime.ready:
-                status, body = 503, encode_error("models are not loaded yet")
+                problem = NotReady("models are not loaded yet")
             else:
                 body = READY_BODY
-        await send({"type": "http.response.start", "status": status,
+        if problem is not None:
+            start, answer = asgi_error(problem)
+            await send(start)
+            await send({"type": "http.response.body", "body": b"" if head else answer["body"]})
+            return
+        await send({"type": "http.response.start", "status": 200,
                     "headers": [*JSON_HEADERS, (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": b"" if head else body})
 
@@ -289,15 +297,10 @@ class InferenceApp:
             if delay_s:
                 self._count_delayed()
                 await asyncio.sleep(delay_s)
-        keep = runtime.keep_alive and not close
-        if resolved is None:
-            headers = JSON_HEADERS if keep else CLOSING_HEADERS
-        else:
-            headers = self.headers[resolved.role][0 if keep else 1]
-        body = encode_error(exc.message)
-        await send({"type": "http.response.start", "status": exc.status_code,
-                    "headers": [*headers, *exc.headers, (b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
+        start, body = asgi_error(exc, () if resolved is None else resolved.headers,
+                                 close=close or not runtime.keep_alive)
+        await send(start)
+        await send(body)
         if isinstance(exc, Draining) and not isinstance(exc, GraceEnded):
             runtime.refused_draining += 1
         if served is None:
@@ -316,23 +319,12 @@ def build_app(runtime: Runtime) -> InferenceApp:
     api = FastAPI(title="tailguard runtime", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url=None)
 
-    @api.exception_handler(TailguardError)
-    async def _tailguard_error(_: Request, exc: TailguardError) -> Response:
-        return JSONResponse({"error": exc.message}, exc.status_code, headers=dict(
-            (k.decode(), v.decode()) for k, v in exc.headers))
+    async def _error(_: Request, exc: Exception) -> Response:
+        # Exception: a bug of ours, answered in the same shape (Starlette still logs it)
+        return error_response(as_tailguard_error(exc))
 
-    @api.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return JSONResponse({"error": str(exc.detail)}, exc.status_code)
-
-    @api.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
-        return JSONResponse({"error": str(exc.errors())}, 422)
-
-    @api.exception_handler(Exception)
-    async def _bug(_: Request, exc: Exception) -> Response:
-        # a bug of ours: the same JSON shape as every other error (Starlette still logs it)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, 500)
+    for kind in (TailguardError, StarletteHTTPException, RequestValidationError, Exception):
+        api.add_exception_handler(kind, _error)
 
     @api.get("/v2")
     async def server_metadata() -> dict[str, Any]:

@@ -44,8 +44,10 @@ import logging
 import resource
 import struct
 import termios
-from typing import Any
+from typing import Any, Callable
 
+from tailguard_runtime.errors import BodyTimeout, HeadTimeout, TailguardError, TooManyConnections
+from tailguard_runtime.http.errors import raw_error
 from tailguard_runtime.http.protocol import JsonHttpProtocol
 from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS, CONNECTIONS_CLOSED
 from tailguard_runtime.settings import ConnectionSettings
@@ -171,32 +173,26 @@ def raise_fd_limit(most: int = 65536) -> int:
     return soft
 
 
-def raw_error(status: int, reason: str, message: str, extra: bytes = b"") -> bytes:
-    """A complete ``Connection: close`` HTTP/1.1 response with the protocol's error body."""
-    body = b'{"error":"' + message.encode("ascii") + b'"}'
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"%scontent-length: %d\r\n\r\n%s" % (status, reason.encode("ascii"), extra,
-                                                 len(body), body))
-
-
-def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHttpProtocol]:
+def bounded_protocol(settings: ConnectionSettings, *, model: str,
+                     count_refusal: Callable[[TailguardError], None] | None = None,
+                     ) -> type[JsonHttpProtocol]:
     """A subclass of :class:`~tailguard_runtime.http.protocol.JsonHttpProtocol` (uvicorn's httptools
     protocol with JSON errors for malformed HTTP) enforcing ``settings`` (pass it as uvicorn's
     ``Config.http``). Timeouts are in seconds; ``settings.max_connections`` ``None`` means
-    :func:`default_max_connections`. ``model`` labels ``tailguard_connections_closed_total``."""
+    :func:`default_max_connections`. ``model`` labels ``tailguard_connections_closed_total``.
+    ``count_refusal`` is called once for each request refused below the app with an answer (a
+    408 for a head, a 503 at the cap, the parser's 400, 405 and 414), to count it by its
+    reason; a body past its deadline is not, as the app counts that request itself."""
     max_connections = settings.max_connections or default_max_connections()
     keep_alive_s = settings.keep_alive_s
     head_timeout_s = settings.request_head_timeout_s
     body_timeout_s = settings.request_body_timeout_s
     stall_timeout_s = settings.send_stall_timeout_s
     max_pipelined = settings.max_pipelined
-    head_408 = raw_error(408, "Request Timeout",
-                         f"request head not complete within {head_timeout_s:g} s")
-    body_408 = raw_error(408, "Request Timeout",
-                         f"request body not complete within {body_timeout_s:g} s")
-    full_503 = raw_error(503, "Service Unavailable",
-                         f"too many open connections ({max_connections}), all of them busy",
-                         b"retry-after: 1\r\n")
+    head_late = HeadTimeout(f"request head not complete within {head_timeout_s:g} s")
+    body_late = BodyTimeout(f"request body not complete within {body_timeout_s:g} s")
+    full = TooManyConnections(f"too many open connections ({max_connections}), all of them busy")
+    count = count_refusal or (lambda exc: None)
 
     count_closed = {reason: CONNECTIONS_CLOSED.labels(model, reason).inc
                     for reason in CONNECTION_CLOSE_REASONS}
@@ -305,9 +301,18 @@ def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHt
                 victim.transport.close()
                 closed(victim, "evicted", self.loop.time())
             else:
-                self.transport.write(full_503)
-                self.transport.close()
+                self._answer(full)
                 closed(self, "refused", self.loop.time())
+
+        def _answer(self, exc: TailguardError) -> None:
+            """Write the error writer's answer to ``exc`` and close (after the write)."""
+            self.transport.write(raw_error(exc, self.server_state.default_headers, close=True))
+            self.transport.close()
+            if exc is not body_late:  # the app counts a body cut off as its own refusal
+                count(exc)
+
+        def refused(self, exc: TailguardError) -> None:
+            count(exc)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._unmark_idle()
@@ -481,8 +486,7 @@ def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHt
             if self._waiting_on_us() or not self._idle():
                 self._head_deadline = now + head_timeout_s
                 return
-            self.transport.write(head_408)
-            self.transport.close()
+            self._answer(head_late)
             closed(self, "head_timeout", now)
 
         def _body_timeout(self, now: float) -> None:
@@ -496,8 +500,9 @@ def bounded_protocol(settings: ConnectionSettings, *, model: str) -> type[JsonHt
             if not cycle.response_started:
                 cycle.disconnected = True  # the app's own reply, if any, is dropped
                 cycle.message_event.set()
-                self.transport.write(body_408)
-            self.transport.close()
+                self._answer(body_late)
+            else:
+                self.transport.close()
             closed(self, "body_timeout", now)
 
         def pause_writing(self) -> None:

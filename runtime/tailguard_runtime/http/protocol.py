@@ -4,7 +4,9 @@
   duplicate ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, bare LF line
   ends, an invalid URL) is answered ``400 {"error": "malformed HTTP request: ..."}`` with the
   parser's reason, a request target over :data:`MAX_URL_BYTES` with 414, and the connection
-  is closed; uvicorn answers ``text/plain``.
+  is closed; uvicorn answers ``text/plain``. The answer is the one error writer's
+  (:func:`~tailguard_runtime.http.errors.raw_error`), and :meth:`JsonHttpProtocol.refused` is
+  told of each refusal, for a subclass to count it.
 * **Upgrade requests are served as plain HTTP/1.1** (RFC 9110 §7.8: a server may ignore
   ``Upgrade``). ``curl --http2`` sends ``Upgrade: h2c`` on a POST; httptools then skips the body
   and stops parsing, so uvicorn ran the request with an empty body. Here the request head is
@@ -35,10 +37,11 @@ from typing import Any, cast
 import httptools
 from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import is_ssl
 
-from tailguard_runtime.wire import encode_error
+from tailguard_runtime.errors import MalformedHttp, TailguardError
+from tailguard_runtime.http.errors import raw_error
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +67,8 @@ class OneWriteResponse:
     a held head first. Anything else is the connection's transport's.
 
     It holds no reference to the cycle: the cycle holds it, and a reference back would make
-    every request's cycle garbage that only the collector can free (measured: six times as
-    many collections, about 6% of the throughput at 64 clients)."""
+    every request's cycle garbage that only the collector can free, which costs throughput
+    (measured in ``benchmarks/README.md``, "Hostile clients", one write per response)."""
 
     __slots__ = ("_transport", "_head", "_pending")
 
@@ -125,11 +128,11 @@ class JsonHttpProtocol(HttpToolsProtocol):
         addresses the transport recorded at accept (``sockname``, ``peername``: uvloop's
         ``TCPTransport`` and asyncio's socket transports both keep them). uvicorn's
         ``get_local_addr`` and ``get_remote_addr`` build a socket object and call
-        ``getsockname``/``getpeername`` instead, which release the GIL: measured with a
-        200-tree forest predicting in another thread, 75 us per connection on average against
-        5 us. The event loop accepts every waiting connection in one go, so 100 arriving
-        together hold every other client up by about 7.5 ms instead of 0.5 ms (worked out from
-        those means, not measured)."""
+        ``getsockname``/``getpeername`` instead, which release the GIL: with the model's thread
+        waiting for it, every such call hands the GIL over and waits to get it back. The event
+        loop accepts every waiting connection in one go, so that cost is paid once per
+        connection of a burst before any other client is served (the figures are in
+        ``benchmarks/README.md``, "Hostile clients", ``get_local_addr``)."""
         self.connections.add(self)
         self.transport = transport
         self.flow = FlowControl(transport)
@@ -151,9 +154,10 @@ class JsonHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             cause = exc.__context__  # what a parser callback (ours or uvicorn's) raised
             if isinstance(cause, UrlTooLong):
-                self.send_error(414, f"the request target exceeds {MAX_URL_BYTES} bytes")
+                self.send_error(MalformedHttp(
+                    f"the request target exceeds {MAX_URL_BYTES} bytes", 414))
             else:
-                self.send_error(400, f"malformed HTTP request: {cause or exc}")
+                self.send_error(MalformedHttp(f"malformed HTTP request: {cause or exc}"))
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -179,7 +183,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
             return
         method = self.parser.get_method()
         if method == b"CONNECT":
-            self.send_error(405, "CONNECT is not supported")
+            self.send_error(MalformedHttp("CONNECT is not supported", 405))
             return
         lines = [b"%s %s HTTP/%s\r\n" % (method, self.url, self.parser.get_http_version().encode())]
         for name, value in self.headers:
@@ -202,17 +206,17 @@ class JsonHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
-        self.send_error(400, msg)
+        self.send_error(MalformedHttp(msg))
 
-    def send_error(self, status: int, message: str) -> None:
-        """Answer ``status`` with ``{"error": message}`` and close the connection (the parser
-        cannot find the next request in a stream it refused)."""
-        logger.info("refused a request at the HTTP level: %d %s", status, message)
-        body = encode_error(message)
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head.append(b"%s: %s\r\n" % (name, value))
-        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
-                    b"connection: close\r\n\r\n" % len(body))
-        self.transport.write(b"".join(head) + body)
+    def send_error(self, exc: TailguardError) -> None:
+        """Answer ``exc`` (the one error writer's bytes, with ``Connection: close``) and close
+        the connection: the parser cannot find the next request in a stream it refused."""
+        logger.info("refused a request at the HTTP level: %d %s", exc.status_code, exc.message)
+        self.transport.write(raw_error(exc, self.server_state.default_headers, close=True))
         self.transport.close()
+        self.refused(exc)
+
+    def refused(self, exc: TailguardError) -> None:
+        """Called once for each request refused below the app (here: by the HTTP parser);
+        nothing by default. The connection bounds count it
+        (:mod:`tailguard_runtime.http.connections`)."""
