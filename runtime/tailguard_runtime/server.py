@@ -27,7 +27,8 @@ import uvicorn
 
 from tailguard_runtime.errors import TailguardError
 from tailguard_runtime.http.app import build_app
-from tailguard_runtime.http.connections import bounded_protocol, raise_fd_limit
+from tailguard_runtime.http.connections import bounded_protocol
+from tailguard_runtime.http.pool import raise_fd_limit
 from tailguard_runtime.looplag import LoopLagProbe
 from tailguard_runtime.metrics import EVENT_LOOP_LAG
 from tailguard_runtime.service import Runtime
@@ -120,8 +121,9 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
         # refused below the app, before any route: counted under the role traffic goes to
         runtime.active.metrics.count_rejection(exc.reason)
 
+    # uvicorn calls ``http`` as a class, with keywords; a bound constructor serves as well
     protocol = bounded_protocol(limits, model=runtime.name, count_refusal=count_refusal)
-    config = uvicorn.Config(build_app(runtime), http=protocol,
+    config = uvicorn.Config(build_app(runtime), http=protocol,  # type: ignore[arg-type]
                             ws="none", lifespan="off", access_log=False, log_config=None,
                             timeout_graceful_shutdown=5, server_header=False, proxy_headers=False,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]

@@ -4,8 +4,8 @@ uvicorn's httptools protocol (``uvicorn/protocols/http/httptools_impl.py``, read
 every request in whatever it reads, queues pipelined ones without limit, arms its keep-alive
 timer only after a first response, and has no timeout for a request's head or body. So one
 client could hold memory (pipelined requests it never reads), and many could hold every file
-descriptor (sockets that send nothing, or one header line at a time). :func:`bounded_protocol`
-builds a subclass that adds, per connection:
+descriptor (sockets that send nothing, or one header line at a time).
+:class:`BoundedHttpToolsProtocol` is a subclass that adds, per connection:
 
 * an idle timeout (``keep_alive_s``, ``keepAliveSeconds``) from the moment of connecting and
   from each answer until the next request begins (bytes that begin none, such as blank lines,
@@ -21,35 +21,39 @@ builds a subclass that adds, per connection:
 * a deadline for such a client (``send_stall_timeout_s`` while its answers stay unread, or the
   write buffer stays above its high-water mark): close.
 
-The idle, head and body deadlines are checked by one sweep over the connections (see
-:data:`SWEEP_MAX_S`) rather than by timers. Per process, there is a cap of
+The limits, and what the connections share, are a :class:`~tailguard_runtime.http.pool.ConnectionPool`
+that each protocol instance is given (as uvicorn's ``ServerState``). The idle, head and body
+deadlines are checked by one sweep over the connections (see
+:data:`~tailguard_runtime.http.pool.SWEEP_MAX_S`) rather than by timers. Per process, there is a cap of
 ``max_connections`` open connections: a connection past the cap evicts the one that has been
 idle longest (no request in progress, or a head still incomplete; those that never completed
 a request first), or is refused with 503 when every connection has a request in progress.
-:func:`raise_fd_limit` lifts the soft open-file limit first, so the cap is rarely what holds.
+:func:`~tailguard_runtime.http.pool.raise_fd_limit` lifts the soft open-file limit first, so the cap is rarely what holds.
 
 Every connection closed at the cap, at a head or body deadline, or for a client that reads no
 answers is counted in ``tailguard_connections_closed_total`` by reason (idle ones closed at
 the keep-alive timeout are not), and logged as one summary line at most every
-:data:`LOG_EVERY_S` seconds (:class:`EventTally`): a flood of connections must not become a
+:data:`~tailguard_runtime.http.pool.LOG_EVERY_S` seconds
+(:class:`~tailguard_runtime.http.pool.EventTally`): a flood of connections must not become a
 flood of log lines. What to serve is left to the ASGI app (:mod:`tailguard_runtime.http.app`); the drain to
 :mod:`tailguard_runtime.server`.
 """
+
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
-import resource
 import struct
 import termios
 from typing import Any, Callable
 
-from tailguard_runtime.errors import BodyTimeout, HeadTimeout, TailguardError, TooManyConnections
+from tailguard_runtime.errors import TailguardError
 from tailguard_runtime.http.errors import raw_error
+from tailguard_runtime.http.pool import ConnectionPool
 from tailguard_runtime.http.protocol import JsonHttpProtocol
-from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS, CONNECTIONS_CLOSED
 from tailguard_runtime.settings import ConnectionSettings
 
 logger = logging.getLogger(__name__)
@@ -57,29 +61,6 @@ logger = logging.getLogger(__name__)
 FEED_SLICE_BYTES = 4096
 """Bytes handed to the HTTP parser at a time when more arrived at once, so that pipelined
 requests are counted as they are parsed (one 4 KiB slice holds at most about 200)."""
-
-RESERVED_FDS = 128
-"""File descriptors kept out of the connection cap at least: the listener, model files, logs,
-pipes. A quarter of the limit is kept when that is more: the event loop accepts every pending
-connection in one go before the connections evicted for them release their descriptors, and
-at the limit libuv drops pending connections, good ones included."""
-
-MAX_DEFAULT_CONNECTIONS = 16384
-
-SWEEP_MIN_S = 0.05
-SWEEP_MAX_S = 1.0
-"""Idle, head and body deadlines are checked by one sweep over the open connections every
-quarter of the shortest of the three timeouts, within these bounds (s), instead of timers:
-uvicorn arms a keep-alive timer after every answer and cancels it when the next request
-arrives (measured with uvloop: 4.6 us a request, and three objects an idle connection for the
-garbage collector to scan), and head and body timers would cost the same twice more. A deadline fires
-up to one sweep late (at most 1 s, for the default 30 s, 10 s and 30 s). Short timeouts make
-the sweep more frequent: a keep-alive of 2 s scans every connection twice a second."""
-EXPIRE_BATCH = 16
-"""Connections a sweep closes (with a 408 for an incomplete request) per event-loop iteration;
-the rest wait for the next iterations. Sockets opened together expire together: 1,500
-half-sent heads closed in one go held the loop for tens of ms, and every other client's
-requests with it."""
 
 MAX_UNREAD_BYTES = 64 * 1024
 """Bytes of answers a client may leave unread in the kernel's send queue before the server
@@ -91,46 +72,6 @@ UNREAD_POLL_S = 0.05
 _OUTQ = getattr(termios, "TIOCOUTQ", None)
 """Linux's ioctl for the bytes in a socket's send queue not yet acknowledged by the peer
 (``SIOCOUTQ`` in ``tcp(7)``); None elsewhere, where only the write-buffer stall applies."""
-
-
-LOG_EVERY_S = 10.0
-"""Seconds between two log lines about connections closed to keep the bounds."""
-
-
-class EventTally:
-    """Counts of events by kind, for a log line at most every ``every_s`` seconds.
-
-    Under a connection flood the bounds close hundreds of connections a second; a log line
-    each would flood the log, and each write to stderr releases the GIL to the model's thread
-    and waits to get it back. The first event is reported at once; later ones are tallied and
-    reported together once ``every_s`` has passed since the previous report, by the next event
-    or the next call of :meth:`due`.
-    """
-
-    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
-        self.every_s = every_s
-        self.counts: dict[str, int] = {}
-        self._since = 0.0
-        self._next_report = float("-inf")
-
-    def add(self, kind: str, now: float) -> tuple[dict[str, int], float] | None:
-        """Count one ``kind`` at ``now`` (monotonic seconds); then :meth:`due`."""
-        if not self.counts:
-            self._since = now
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        return self.due(now)
-
-    def due(self, now: float) -> tuple[dict[str, int], float] | None:
-        """When a report is due at ``now``: the counts by kind since the last one and the
-        seconds from the first of them to ``now`` (0 for the first event), and the counting
-        starts afresh; otherwise (or with nothing counted) ``None``. Call it now and then
-        (the connection sweep does) so that a tally is reported when events stop."""
-        if not self.counts or now < self._next_report:
-            return None
-        report = (self.counts, now - self._since)
-        self.counts = {}
-        self._next_report = now + self.every_s
-        return report
 
 
 def unread_bytes(fd: int) -> int:
@@ -146,382 +87,277 @@ def unread_bytes(fd: int) -> int:
     return queued
 
 
-def default_max_connections() -> int:
-    """The process's soft open-file limit less :data:`RESERVED_FDS` or a quarter of it,
-    whichever is more (at least 16, at most :data:`MAX_DEFAULT_CONNECTIONS`); 768 for the common
-    limit of 1,024. Past the limit, ``accept`` fails with EMFILE for everyone."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return MAX_DEFAULT_CONNECTIONS
-    return max(16, min(MAX_DEFAULT_CONNECTIONS, soft - max(RESERVED_FDS, soft // 4)))
+class BoundedHttpToolsProtocol(JsonHttpProtocol):
+    """uvicorn's httptools protocol with the bounds of this module, those of ``pool``: uvicorn
+    passes ``config``, ``server_state`` and ``app_state`` when it makes one per connection;
+    ``pool`` is bound beforehand (:func:`bounded_protocol`)."""
 
+    def __init__(self, *args: Any, pool: ConnectionPool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool = pool
+        self._held = b""
+        self._served = False
+        self._idle_deadline = 0.0  # loop time by which the next request must begin; 0: none
+        self._head_deadline = 0.0  # loop time by which the head must be complete; 0: none
+        self._body_deadline = 0.0  # the same for the body
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._closed_for: str | None = None  # the bound it was closed for, once counted
+        self._unread_timer: asyncio.TimerHandle | None = None
+        self._unread_since = 0.0
+        self._fd: int | None = None  # the socket's, looked up when first needed
+        self._body_seen = 0  # bytes of the current request's body parsed so far
 
-def raise_fd_limit(most: int = 65536) -> int:
-    """Raise the soft open-file limit to the hard limit (at most ``most``), as Go's runtime does
-    since 1.19: the soft default of 1,024 (systemd, many container runtimes) is a
-    compatibility setting for ``select()``, which the event loop does not use. Returns the soft
-    limit now in force; leaves it as it is if it cannot be raised.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = most if hard == resource.RLIM_INFINITY else min(hard, most)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            logger.warning("cannot raise the open-file limit from %d to %d", soft, target)
-    return soft
+    # -- connections ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        pool = self.pool
+        pool.mark_idle(self)
+        self._idle_deadline = self.loop.time() + pool.keep_alive_s
+        if len(self.connections) > pool.max_connections:
+            self._make_room()
+        pool.watch(self.loop, self.connections)
+
+    def _idle(self) -> bool:
+        """No request whose head is complete is waiting for its answer."""
+        cycle = self.cycle
+        return (cycle is None or cycle.response_complete) and not self.pipeline
+
+    def _make_room(self) -> None:
+        victim = self.pool.victim(self)
+        if victim is not None:
+            victim.transport.close()
+            self.pool.closed(victim, "evicted", self.loop.time())
+        else:
+            self._answer(self.pool.full)
+            self.pool.closed(self, "refused", self.loop.time())
+
+    def _answer(self, exc: TailguardError) -> None:
+        """Write the error writer's answer to ``exc`` and close (after the write)."""
+        self.transport.write(raw_error(exc, self.server_state.default_headers, close=True))
+        self.transport.close()
+        self.pool.refused(exc)
+
+    def refused(self, exc: TailguardError) -> None:
+        self.pool.refused(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pool.unmark_idle(self)
+        self._cancel_timers()
+        self._held = b""
+        super().connection_lost(exc)
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._stall_timer, self._unread_timer):
+            if timer is not None:
+                timer.cancel()
+        self._stall_timer = self._unread_timer = None
+        self._idle_deadline = self._head_deadline = self._body_deadline = 0.0
+
+    def _unset_keepalive_if_required(self) -> None:
+        """uvicorn cancels its keep-alive timer here whenever data arrives; here the idle
+        deadline ends only when a request begins (:meth:`on_message_begin`), so that bytes
+        beginning no request (blank lines, which the parser skips) cannot keep a
+        connection open."""
+
+    # -- reading, with at most max_pipelined requests parsed and unanswered ---------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._held:
+            data, self._held = self._held + data, b""
+        if not self.pipeline and self._unread_timer is None \
+                and len(data) <= FEED_SLICE_BYTES:
+            super().data_received(data)  # the common case: one request, nothing waiting
+            return
+        if self._unread_timer is not None or (self.pipeline and self._client_behind()):
+            self._hold_for_reader(data)
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        max_pipelined = self.pool.max_pipelined
+        if len(self.pipeline) >= max_pipelined:
+            self._held = data
+            self.flow.pause_reading()
+            return
+        if len(data) <= FEED_SLICE_BYTES:
+            super().data_received(data)
+            return
+        view = memoryview(data)
+        start = 0
+        while start < len(data):
+            if self.parser is None or self.transport.is_closing():
+                return
+            if len(self.pipeline) >= max_pipelined:
+                self._held = bytes(view[start:])
+                self.flow.pause_reading()
+                return
+            # the rest of a body of known length goes in one piece: slices are only for
+            # counting pipelined requests as they are parsed
+            step = max(FEED_SLICE_BYTES, self._body_left())
+            super().data_received(bytes(view[start:start + step]))
+            start += step
+
+    def on_response_complete(self) -> None:
+        # uvicorn 0.54's (``HttpToolsProtocol.on_response_complete``), with the keep-alive
+        # timeout as a deadline for the sweep instead of a timer
+        self.server_state.total_requests += 1
+        self._served = True
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self._idle_deadline = self.loop.time() + self.pool.keep_alive_s
+        if self._idle():
+            self.pool.mark_idle(self)
+        if self.transport.is_closing():
+            return
+        if self._unread_timer is not None or (self._held and self._client_behind()):
+            self._hold_for_reader(self._held)  # uvicorn resumed reading: pause it again
+        elif self._held:
+            held, self._held = self._held, b""
+            self._feed(held)
+
+    # -- clients that do not read their answers ------------------------------------------
+
+    def _client_behind(self) -> bool:
+        if self._fd is None:  # uvloop makes a socket object for this; only pipeliners ask
+            sock = self.transport.get_extra_info("socket")
+            self._fd = sock.fileno() if sock is not None else -1
+        return unread_bytes(self._fd) > MAX_UNREAD_BYTES
+
+    def _hold_for_reader(self, data: bytes) -> None:
+        """Keep ``data`` unparsed and stop reading until the client reads its answers."""
+        self._held = data
+        self.flow.pause_reading()
+        if self._unread_timer is None:
+            self._unread_since = self.loop.time()
+            self._unread_timer = self.loop.call_later(UNREAD_POLL_S, self._check_reader)
+
+    def _check_reader(self) -> None:
+        self._unread_timer = None
+        if self.transport.is_closing():
+            return
+        if self._client_behind():
+            if self.loop.time() - self._unread_since >= self.pool.stall_timeout_s:
+                self._stalled()
+            else:
+                self._unread_timer = self.loop.call_later(UNREAD_POLL_S, self._check_reader)
+            return
+        held, self._held = self._held, b""
+        if len(self.pipeline) < self.pool.max_pipelined and (self.cycle is None
+                                                   or self.cycle.response_complete):
+            self.flow.resume_reading()
+        if held:
+            self._feed(held)
+
+    # -- head and body deadlines ---------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._idle_deadline = 0.0
+        self._head_deadline = self.loop.time() + self.pool.head_timeout_s
+
+    def on_headers_complete(self) -> None:
+        self._head_deadline = 0.0
+        self.pool.unmark_idle(self)
+        super().on_headers_complete()
+        self._body_deadline = self.loop.time() + self.pool.body_timeout_s
+        self._body_seen = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._body_deadline = 0.0
+        super().on_message_complete()
+
+    def _body_left(self) -> int:
+        """Bytes of the current request's body still to come; 0 between requests or when
+        its length is not stated (read only when slicing a large read)."""
+        if self._body_deadline == 0.0:
+            return 0
+        for name, value in self.headers:
+            if name == b"content-length" and value.isdigit():
+                return max(0, int(value) - self._body_seen)
+        return 0
+
+    def _waiting_on_us(self) -> bool:
+        """Earlier requests of this connection are still unanswered: its unparsed bytes
+        wait for the server (see ``_feed``), not for the client."""
+        return bool(self.pipeline) or bool(self._held)
+
+    def check_deadlines(self, now: float) -> None:
+        """Called by the sweep: close a connection idle past its deadline (``keep_alive_s``
+        after connecting or after its last answer), answer 408 to a head or body past its
+        deadline."""
+        if 0.0 < self._idle_deadline <= now:
+            self._idle_deadline = 0.0
+            if self._held or self._unread_timer is not None:
+                # requests held for a client that does not read its answers: the
+                # send-stall timeout decides, and the connection is idle only after them
+                self._idle_deadline = now + self.pool.keep_alive_s
+            else:
+                self.timeout_keep_alive_handler()
+        if 0.0 < self._head_deadline <= now:
+            self._head_timeout(now)
+        if 0.0 < self._body_deadline <= now:
+            self._body_timeout(now)
+
+    def _head_timeout(self, now: float) -> None:
+        self._head_deadline = 0.0
+        if self.transport.is_closing():
+            return
+        if self._waiting_on_us() or not self._idle():
+            self._head_deadline = now + self.pool.head_timeout_s
+            return
+        self._answer(self.pool.head_late)
+        self.pool.closed(self, "head_timeout", now)
+
+    def _body_timeout(self, now: float) -> None:
+        self._body_deadline = 0.0
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or not cycle.more_body:
+            return
+        if self._waiting_on_us():
+            self._body_deadline = now + self.pool.body_timeout_s
+            return
+        if not cycle.response_started:
+            cycle.disconnected = True  # the app's own reply, if any, is dropped
+            cycle.message_event.set()
+            self._answer(self.pool.body_late)
+        else:
+            self.transport.close()
+        self.pool.closed(self, "body_timeout", now)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.pool.stall_timeout_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        if self._stall_timer is not None:  # called by the unread-answers check instead
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        # even when already closing: close() waits for the buffer to drain, here for ever
+        self.transport.abort()
+        self.pool.closed(self, "send_stall", self.loop.time())
 
 
 def bounded_protocol(settings: ConnectionSettings, *, model: str,
                      count_refusal: Callable[[TailguardError], None] | None = None,
-                     ) -> type[JsonHttpProtocol]:
-    """A subclass of :class:`~tailguard_runtime.http.protocol.JsonHttpProtocol` (uvicorn's httptools
-    protocol with JSON errors for malformed HTTP) enforcing ``settings`` (pass it as uvicorn's
-    ``Config.http``). Timeouts are in seconds; ``settings.max_connections`` ``None`` means
-    :func:`default_max_connections`. ``model`` labels ``tailguard_connections_closed_total``.
-    ``count_refusal`` is called once for each request refused below the app with an answer (a
-    408 for a head, a 503 at the cap, the parser's 400, 405 and 414), to count it by its
-    reason; a body past its deadline is not, as the app counts that request itself."""
-    max_connections = settings.max_connections or default_max_connections()
-    keep_alive_s = settings.keep_alive_s
-    head_timeout_s = settings.request_head_timeout_s
-    body_timeout_s = settings.request_body_timeout_s
-    stall_timeout_s = settings.send_stall_timeout_s
-    max_pipelined = settings.max_pipelined
-    head_late = HeadTimeout(f"request head not complete within {head_timeout_s:g} s")
-    body_late = BodyTimeout(f"request body not complete within {body_timeout_s:g} s")
-    full = TooManyConnections(f"too many open connections ({max_connections}), all of them busy")
-    count = count_refusal or (lambda exc: None)
-
-    count_closed = {reason: CONNECTIONS_CLOSED.labels(model, reason).inc
-                    for reason in CONNECTION_CLOSE_REASONS}
-    tally = EventTally()
-
-    def closed(conn: BoundedHttpToolsProtocol, reason: str, now: float) -> None:
-        """Count ``conn`` as closed to keep a bound (once, under its first reason); log the
-        tally when one is due."""
-        if conn._closed_for is not None:
-            return
-        conn._closed_for = reason
-        count_closed[reason]()
-        log_tally(tally.add(reason, now))
-
-    def log_tally(report: tuple[dict[str, int], float] | None) -> None:
-        if report is not None:
-            counts, seconds = report
-            logger.warning("closed %d connection(s) to keep the connection bounds%s: %s "
-                           "(connection cap %d; see tailguard_connections_closed_total)",
-                           sum(counts.values()), f" in {seconds:.1f} s" if seconds else "",
-                           ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())),
-                           max_connections)
-
-    sweep_s = min(SWEEP_MAX_S, max(SWEEP_MIN_S,
-                                   min(keep_alive_s, head_timeout_s, body_timeout_s) / 4))
-    sweeper: dict[str, asyncio.TimerHandle | None] = {"handle": None}
-    """The one timer checking every connection's deadlines, while any connection is open."""
-
-    def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
-        now = loop.time()
-        # the next sweep first: an error below must not end every connection's deadlines
-        sweeper["handle"] = (loop.call_later(sweep_s, _sweep, loop, connections)
-                             if connections else None)
-        # attributes, not a method: this runs over every open connection, thousands at times
-        _expire(loop, [conn for conn in connections
-                       if 0.0 < conn._idle_deadline <= now or 0.0 < conn._head_deadline <= now
-                       or 0.0 < conn._body_deadline <= now], now)
-        log_tally(tally.due(now))
-
-    def _expire(loop: asyncio.AbstractEventLoop, due: list[Any], now: float) -> None:
-        for conn in due[:EXPIRE_BATCH]:
-            conn.check_deadlines(now)
-        if len(due) > EXPIRE_BATCH:
-            loop.call_soon(_expire, loop, due[EXPIRE_BATCH:], now)
-
-    fresh: dict[BoundedHttpToolsProtocol, None] = {}
-    """Idle connections that never completed a request, longest idle first (dicts keep
-    order): evicted first, so sockets that never send a whole request cannot push out the
-    connections of clients that do."""
-    served: dict[BoundedHttpToolsProtocol, None] = {}
-    """Idle connections that have completed a request, longest idle first."""
-
-    class BoundedHttpToolsProtocol(JsonHttpProtocol):
-        """uvicorn's httptools protocol with the bounds of :mod:`tailguard_runtime.http.connections`."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._held = b""
-            self._served = False
-            self._idle_deadline = 0.0  # loop time by which the next request must begin; 0: none
-            self._head_deadline = 0.0  # loop time by which the head must be complete; 0: none
-            self._body_deadline = 0.0  # the same for the body
-            self._stall_timer: asyncio.TimerHandle | None = None
-            self._closed_for: str | None = None  # the bound it was closed for, once counted
-            self._unread_timer: asyncio.TimerHandle | None = None
-            self._unread_since = 0.0
-            self._fd: int | None = None  # the socket's, looked up when first needed
-            self._body_seen = 0  # bytes of the current request's body parsed so far
-
-        # -- connections ---------------------------------------------------------------------
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._mark_idle()
-            self._idle_deadline = self.loop.time() + keep_alive_s
-            if len(self.connections) > max_connections:
-                self._make_room()
-            if sweeper["handle"] is None:
-                sweeper["handle"] = self.loop.call_later(sweep_s, _sweep, self.loop,
-                                                         self.connections)
-
-        def _mark_idle(self) -> None:
-            """Queue this connection for eviction, behind those idle longer."""
-            self._unmark_idle()
-            (served if self._served else fresh)[self] = None
-
-        def _unmark_idle(self) -> None:
-            fresh.pop(self, None)
-            served.pop(self, None)
-
-        def _idle(self) -> bool:
-            """No request whose head is complete is waiting for its answer."""
-            cycle = self.cycle
-            return (cycle is None or cycle.response_complete) and not self.pipeline
-
-        def _make_room(self) -> None:
-            victim = None
-            for order in (fresh, served):
-                while order and victim is None:
-                    candidate = next(iter(order))
-                    del order[candidate]
-                    if candidate is not self and candidate._idle() \
-                            and not candidate.transport.is_closing():
-                        victim = candidate
-            if victim is not None:
-                victim.transport.close()
-                closed(victim, "evicted", self.loop.time())
-            else:
-                self._answer(full)
-                closed(self, "refused", self.loop.time())
-
-        def _answer(self, exc: TailguardError) -> None:
-            """Write the error writer's answer to ``exc`` and close (after the write)."""
-            self.transport.write(raw_error(exc, self.server_state.default_headers, close=True))
-            self.transport.close()
-            if exc is not body_late:  # the app counts a body cut off as its own refusal
-                count(exc)
-
-        def refused(self, exc: TailguardError) -> None:
-            count(exc)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._unmark_idle()
-            self._cancel_timers()
-            self._held = b""
-            super().connection_lost(exc)
-
-        def _cancel_timers(self) -> None:
-            for timer in (self._stall_timer, self._unread_timer):
-                if timer is not None:
-                    timer.cancel()
-            self._stall_timer = self._unread_timer = None
-            self._idle_deadline = self._head_deadline = self._body_deadline = 0.0
-
-        def _unset_keepalive_if_required(self) -> None:
-            """uvicorn cancels its keep-alive timer here whenever data arrives; here the idle
-            deadline ends only when a request begins (:meth:`on_message_begin`), so that bytes
-            beginning no request (blank lines, which the parser skips) cannot keep a
-            connection open."""
-
-        # -- reading, with at most max_pipelined requests parsed and unanswered ---------------
-
-        def data_received(self, data: bytes) -> None:
-            if self._held:
-                data, self._held = self._held + data, b""
-            if not self.pipeline and self._unread_timer is None \
-                    and len(data) <= FEED_SLICE_BYTES:
-                super().data_received(data)  # the common case: one request, nothing waiting
-                return
-            if self._unread_timer is not None or (self.pipeline and self._client_behind()):
-                self._hold_for_reader(data)
-                return
-            self._feed(data)
-
-        def _feed(self, data: bytes) -> None:
-            if len(self.pipeline) >= max_pipelined:
-                self._held = data
-                self.flow.pause_reading()
-                return
-            if len(data) <= FEED_SLICE_BYTES:
-                super().data_received(data)
-                return
-            view = memoryview(data)
-            start = 0
-            while start < len(data):
-                if self.parser is None or self.transport.is_closing():
-                    return
-                if len(self.pipeline) >= max_pipelined:
-                    self._held = bytes(view[start:])
-                    self.flow.pause_reading()
-                    return
-                # the rest of a body of known length goes in one piece: slices are only for
-                # counting pipelined requests as they are parsed
-                step = max(FEED_SLICE_BYTES, self._body_left())
-                super().data_received(bytes(view[start:start + step]))
-                start += step
-
-        def on_response_complete(self) -> None:
-            # uvicorn 0.54's (``HttpToolsProtocol.on_response_complete``), with the keep-alive
-            # timeout as a deadline for the sweep instead of a timer
-            self.server_state.total_requests += 1
-            self._served = True
-            if not self.transport.is_closing():
-                self.flow.resume_reading()
-                if self.pipeline:
-                    cycle, app = self.pipeline.pop()
-                    self._start_asgi_task(cycle, app)
-                else:
-                    self._idle_deadline = self.loop.time() + keep_alive_s
-            if self._idle():
-                self._mark_idle()
-            if self.transport.is_closing():
-                return
-            if self._unread_timer is not None or (self._held and self._client_behind()):
-                self._hold_for_reader(self._held)  # uvicorn resumed reading: pause it again
-            elif self._held:
-                held, self._held = self._held, b""
-                self._feed(held)
-
-        # -- clients that do not read their answers ------------------------------------------
-
-        def _client_behind(self) -> bool:
-            if self._fd is None:  # uvloop makes a socket object for this; only pipeliners ask
-                sock = self.transport.get_extra_info("socket")
-                self._fd = sock.fileno() if sock is not None else -1
-            return unread_bytes(self._fd) > MAX_UNREAD_BYTES
-
-        def _hold_for_reader(self, data: bytes) -> None:
-            """Keep ``data`` unparsed and stop reading until the client reads its answers."""
-            self._held = data
-            self.flow.pause_reading()
-            if self._unread_timer is None:
-                self._unread_since = self.loop.time()
-                self._unread_timer = self.loop.call_later(UNREAD_POLL_S, self._check_reader)
-
-        def _check_reader(self) -> None:
-            self._unread_timer = None
-            if self.transport.is_closing():
-                return
-            if self._client_behind():
-                if self.loop.time() - self._unread_since >= stall_timeout_s:
-                    self._stalled()
-                else:
-                    self._unread_timer = self.loop.call_later(UNREAD_POLL_S, self._check_reader)
-                return
-            held, self._held = self._held, b""
-            if len(self.pipeline) < max_pipelined and (self.cycle is None
-                                                       or self.cycle.response_complete):
-                self.flow.resume_reading()
-            if held:
-                self._feed(held)
-
-        # -- head and body deadlines ---------------------------------------------------------
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._idle_deadline = 0.0
-            self._head_deadline = self.loop.time() + head_timeout_s
-
-        def on_headers_complete(self) -> None:
-            self._head_deadline = 0.0
-            self._unmark_idle()
-            super().on_headers_complete()
-            self._body_deadline = self.loop.time() + body_timeout_s
-            self._body_seen = 0
-
-        def on_body(self, body: bytes) -> None:
-            self._body_seen += len(body)
-            super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            self._body_deadline = 0.0
-            super().on_message_complete()
-
-        def _body_left(self) -> int:
-            """Bytes of the current request's body still to come; 0 between requests or when
-            its length is not stated (read only when slicing a large read)."""
-            if self._body_deadline == 0.0:
-                return 0
-            for name, value in self.headers:
-                if name == b"content-length" and value.isdigit():
-                    return max(0, int(value) - self._body_seen)
-            return 0
-
-        def _waiting_on_us(self) -> bool:
-            """Earlier requests of this connection are still unanswered: its unparsed bytes
-            wait for the server (see ``_feed``), not for the client."""
-            return bool(self.pipeline) or bool(self._held)
-
-        def check_deadlines(self, now: float) -> None:
-            """Called by the sweep: close a connection idle past its deadline (``keep_alive_s``
-            after connecting or after its last answer), answer 408 to a head or body past its
-            deadline."""
-            if 0.0 < self._idle_deadline <= now:
-                self._idle_deadline = 0.0
-                if self._held or self._unread_timer is not None:
-                    # requests held for a client that does not read its answers: the
-                    # send-stall timeout decides, and the connection is idle only after them
-                    self._idle_deadline = now + keep_alive_s
-                else:
-                    self.timeout_keep_alive_handler()
-            if 0.0 < self._head_deadline <= now:
-                self._head_timeout(now)
-            if 0.0 < self._body_deadline <= now:
-                self._body_timeout(now)
-
-        def _head_timeout(self, now: float) -> None:
-            self._head_deadline = 0.0
-            if self.transport.is_closing():
-                return
-            if self._waiting_on_us() or not self._idle():
-                self._head_deadline = now + head_timeout_s
-                return
-            self._answer(head_late)
-            closed(self, "head_timeout", now)
-
-        def _body_timeout(self, now: float) -> None:
-            self._body_deadline = 0.0
-            cycle = self.cycle
-            if self.transport.is_closing() or cycle is None or not cycle.more_body:
-                return
-            if self._waiting_on_us():
-                self._body_deadline = now + body_timeout_s
-                return
-            if not cycle.response_started:
-                cycle.disconnected = True  # the app's own reply, if any, is dropped
-                cycle.message_event.set()
-                self._answer(body_late)
-            else:
-                self.transport.close()
-            closed(self, "body_timeout", now)
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._stall_timer is None:
-                self._stall_timer = self.loop.call_later(stall_timeout_s, self._stalled)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            if self._stall_timer is not None:
-                self._stall_timer.cancel()
-                self._stall_timer = None
-
-        def _stalled(self) -> None:
-            if self._stall_timer is not None:  # called by the unread-answers check instead
-                self._stall_timer.cancel()
-                self._stall_timer = None
-            # even when already closing: close() waits for the buffer to drain, here for ever
-            self.transport.abort()
-            closed(self, "send_stall", self.loop.time())
-
-    return BoundedHttpToolsProtocol
+                     ) -> Callable[..., BoundedHttpToolsProtocol]:
+    """What to pass as uvicorn's ``Config.http``: :class:`BoundedHttpToolsProtocol` bound to
+    a new :class:`~tailguard_runtime.http.pool.ConnectionPool` of ``settings`` (see there for
+    ``model`` and ``count_refusal``), shared by every connection of the server."""
+    pool = ConnectionPool(settings, model=model, count_refusal=count_refusal)
+    return functools.partial(BoundedHttpToolsProtocol, pool=pool)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from harness.runtime import RuntimeServer, batching, error_of, running_runtime, scrape
-from tailguard_runtime.http.connections import EXPIRE_BATCH
+from tailguard_runtime.http.pool import EXPIRE_BATCH
 from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS
 
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -400,7 +400,7 @@ def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
     # counted one by one (at least one round's worth: a round slower than the 2 s timeouts
     # closes some of its sockets by timeout instead)...
     assert evicted >= CAP, evicted
-    # ...and logged as a tally (connections.EventTally): a line at most every LOG_EVERY_S, not
+    # ...and logged as a tally (pool.EventTally): a line at most every LOG_EVERY_S, not
     # one per connection
     lines = bounded.log_text().count("to keep the connection bounds")
     assert lines - log_lines <= 2, bounded.log_text()[-2000:]
