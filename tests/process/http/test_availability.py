@@ -1,9 +1,9 @@
 """One client must not take memory, the event loop or the sockets away from everyone else.
 
 Each test reproduces a fault found by trying to break ``tailguard up examples/digits.yaml``
-(issue 9) against a real runtime process over real sockets, and asserts the bound generously:
-the measured numbers before the fix were far outside it, and a busy 2-core machine stays well
-inside it.
+against a real runtime process over real sockets, and asserts the bound generously: the
+numbers measured before the fix (``benchmarks/README.md``, "Hostile clients") were far outside
+it, and a busy 2-core machine stays well inside it.
 """
 
 from __future__ import annotations
