@@ -1,2 +1,3 @@
 """The runtime's HTTP layer: the app and its routes, the loopback-only control routes, the
-uvicorn protocol overrides below the app, and the per-connection bounds."""
+uvicorn protocol overrides below the app, the per-connection bounds and the pool of connections
+they share, and the one error writer all of them answer errors through."""
