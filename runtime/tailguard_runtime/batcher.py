@@ -29,7 +29,7 @@ import threading
 from collections import deque
 from itertools import accumulate
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -59,9 +59,13 @@ class Request:
     ``future`` resolves to the request's own :data:`Outputs` or raises a
     :class:`~tailguard_runtime.errors.TailguardError`. ``taken`` counts rows handed to the model;
     a request whose future is done (answered, expired, cancelled) is skipped by the queue.
+    ``alone``: the request runs in a batch of its own from now on (the model raised on a batch
+    holding it, and the bisection budget ran out before it could tell whose rows it cannot
+    take; see :meth:`BatchQueue.send_back`).
     """
 
-    __slots__ = ("x", "n_rows", "arrival", "deadline", "future", "taken", "parts", "timer")
+    __slots__ = ("x", "n_rows", "arrival", "deadline", "future", "taken", "parts", "timer",
+                 "alone")
 
     def __init__(self, x: np.ndarray, arrival: float, deadline: float, future: Any) -> None:
         self.x = x
@@ -72,6 +76,7 @@ class Request:
         self.taken = 0
         self.parts: list[Outputs] = []
         self.timer: asyncio.TimerHandle | None = None
+        self.alone = False
 
 
 WINDOW_SLACK_S = 0.010
@@ -117,6 +122,21 @@ class BatchQueue:
         self._items.append(request)
         self.queued_rows += request.n_rows - request.taken
 
+    def send_back(self, requests: Sequence[tuple[Request, int]]) -> None:
+        """Queue again, at the head and in the given order, requests whose rows from ``start``
+        on (each ``(request, start)``) went to a batch the model raised on without the failure
+        being pinned on them; each will run in a batch of its own (``alone``), so whatever the
+        model says next is about its own rows. Requests already answered are left out."""
+        items = self._items
+        for request, start in reversed(requests):
+            if request.future.done():
+                continue
+            self.queued_rows += request.taken - start
+            request.taken = start
+            request.alone = True
+            if not items or items[0] is not request:
+                items.appendleft(request)
+
     def discard(self, request: Request) -> None:
         """Forget a request's untaken rows (it expired or was cancelled); idempotent."""
         self.queued_rows -= request.n_rows - request.taken
@@ -135,7 +155,8 @@ class BatchQueue:
         self._drop_dead_head()
         if not self._items:
             return None
-        if self.flush or self.max_wait_s <= 0 or self.queued_rows >= self.max_batch_size:
+        if (self.flush or self.max_wait_s <= 0 or self.queued_rows >= self.max_batch_size
+                or self._items[0].alone):
             return float("-inf")
         # a future may finish at any time (the event loop cancels without the batcher's lock)
         earliest = min((r.deadline for r in self._items if not r.future.done()), default=None)
@@ -148,7 +169,8 @@ class BatchQueue:
 
         Returns ``(segments, expired)``: the row ranges for the model, in queue order, and the
         requests whose deadline is at or before ``now`` (their rows are dropped here, before
-        they reach the model; :class:`Batcher` leaves their 504 to their deadline timers).
+        they reach the model; :class:`Batcher` leaves their 504 to their deadline timers). A
+        request marked ``alone`` goes in a batch without batch-mates.
         """
         segments: list[Segment] = []
         expired: list[Request] = []
@@ -165,6 +187,8 @@ class BatchQueue:
                 items.popleft()
                 expired.append(request)
                 continue
+            if request.alone and segments:
+                break  # it runs next, on its own
             start = request.taken
             stop = min(request.n_rows, start + room)
             segments.append((request, start, stop))
@@ -173,6 +197,8 @@ class BatchQueue:
             room -= stop - start
             if stop == request.n_rows:
                 items.popleft()
+            if request.alone:
+                break
         return segments, expired
 
     def pending(self) -> list[Request]:
@@ -433,10 +459,10 @@ class Batcher:
         their deadlines' 504."""
         try:
             self.estimate.record(seconds)
-            self._deliver(segments, pieces)
             for request, start, _ in segments:
-                if start == 0:
+                if start == 0 and not request.alone:  # its first rows' wait, once
                     self._observe_queue_wait(taken_at - request.arrival)
+            self._deliver(segments, pieces)
             self._observe_batch(sum(stop - start for _, start, stop in segments), seconds)
         except Exception as exc:
             logger.exception("handing out a batch's answers failed")
@@ -451,7 +477,12 @@ class Batcher:
 
     def _deliver(self, segments: list[Segment],
                  pieces: list[tuple[int, int, Outputs | BaseException]]) -> None:
+        """Hand each request its outputs or its own failure. A request the model raised on
+        together with others, past the bisection budget, is not failed: it goes back to the head
+        of the queue to run alone (:meth:`BatchQueue.send_back`), so a request is told the model
+        raised on it only after the model ran on it."""
         offset = 0
+        unsettled: list[tuple[Request, int]] = []
         for request, start, stop in segments:
             rows = stop - start
             result = split_outputs(pieces, offset, offset + rows)
@@ -459,12 +490,8 @@ class Batcher:
             future = request.future
             if future.done():
                 continue
-            if isinstance(result, Unisolated):
-                self._discard(request)
-                future.set_exception(ModelFailed(
-                    f"model raised on a batch of {result.n_requests} requests holding this one "
-                    f"({result}); not isolated within {result.budget} model calls, so this "
-                    "request may be sound: retry it", 500))
+            if isinstance(result, Unisolated) and not request.alone:
+                unsettled.append((request, start))
             elif isinstance(result, BaseException):
                 self._discard(request)
                 status = 422 if isinstance(result, (ValueError, TypeError)) else 500
@@ -476,3 +503,7 @@ class Batcher:
                 request.parts.append(result)
                 if stop == request.n_rows:
                     future.set_result(concat_outputs(request.parts))
+        if unsettled:
+            with self._lock:
+                self._account(perf_counter())
+                self.queue.send_back(unsettled)

@@ -34,7 +34,8 @@ def gather_rows(segments: Sequence[tuple[HasRows, int, int]]) -> np.ndarray:
 
 class Unisolated(Exception):
     """The model raised on a group of ``n_requests`` requests, and the bisection budget ran out
-    before it could tell which of them the model cannot take; ``cause`` is its exception."""
+    before it could tell which of them the model cannot take; ``cause`` is its exception. Not
+    an answer: the batcher runs each of those requests again in a batch of its own."""
 
     def __init__(self, cause: BaseException, n_requests: int, budget: int) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
@@ -46,8 +47,10 @@ class Unisolated(Exception):
 def isolation_budget(max_batch_size: int) -> int:
     """Extra model calls one failing batch may spend on bisection: enough to single out one
     failing request among ``max_batch_size`` (two calls per halving, ``ceil(log2 n)`` halvings),
-    plus one. 13 for a batch of 64. Past it, the groups still failing get :class:`Unisolated`,
-    so failing requests cost the model at most this many calls per batch, whatever they hold."""
+    plus one. 13 for a batch of 64. Past it, the groups still failing get :class:`Unisolated`
+    and the batcher runs each of their requests once more, alone. So a failing batch of ``n``
+    requests costs the model at most ``1 + budget + n`` calls, and a sound request takes part
+    in its batch's calls and at most one call of its own, whatever its batch-mates hold."""
     return 2 * max(1, math.ceil(math.log2(max(max_batch_size, 2)))) + 1
 
 

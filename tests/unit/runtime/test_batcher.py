@@ -420,3 +420,33 @@ async def test_a_crashed_model_thread_fails_what_it_held() -> None:
         assert info.value.status_code == 500 and not batcher.in_flight
         with pytest.raises(TailguardError, match="model thread crashed"):  # no one serves it
             await batcher.submit(_rows(1, 1), 30.0)
+
+
+async def test_requests_the_budget_left_unisolated_run_alone_and_sound_ones_never_fail() -> None:
+    """Three scattered poisoned rows among eight one-row requests need more bisection than the
+    budget (7 calls for a batch of 8) allows. The groups still failing are not answered 500:
+    each of their requests runs again in a batch of its own, so every sound request gets its
+    own outputs, each poisoned one its own 422, and the model is called at most 1 + budget + 8
+    times for the batch."""
+    model = GatedModel()
+    async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
+        blocker = await _busy(model, batcher)
+        rows = [_rows(1, 10 * i) for i in range(8)]
+        for i in (0, 3, 6):
+            rows[i][0, 0] = -1.0
+        tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in rows]
+        await _wait_for(lambda: batcher.queue_depth == 8)
+        model.gate.set()
+        await blocker
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for i, (x, result) in enumerate(zip(rows, results)):
+            if i in (0, 3, 6):
+                assert isinstance(result, ModelFailed) and result.status_code == 422, (i, result)
+            else:
+                assert not isinstance(result, BaseException), (i, result)
+                np.testing.assert_array_equal(result[0], x.sum(axis=1))
+        calls = model.batches[1:]  # after the blocker's
+        assert len(calls[0]) == 8 and len(calls) <= 1 + 7 + 8
+        alone = [b for b in calls if len(b) == 1]
+        assert alone, "the budget should have run out and sent requests back"
+        assert batcher.queue_depth == 0 and not batcher.in_flight
