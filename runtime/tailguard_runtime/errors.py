@@ -51,8 +51,9 @@ class PayloadTooLarge(TailguardError):
 
 
 class Forbidden(TailguardError):
-    """A control request from somewhere the control routes never answer, or without the
-    per-run secret (403)."""
+    """A request from a web page the runtime does not serve (:mod:`tailguard_runtime.http.browsers`),
+    or a control request from somewhere the control routes never answer, or without the per-run
+    secret (403)."""
 
     status_code = 403
     reason = "forbidden"

@@ -91,7 +91,7 @@ EVENT_LOOP_LAG = Histogram("tailguard_event_loop_lag_seconds",
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",
                      "incomplete_body", "too_large", "invalid_input", "draining",
                      "not_ready", "model_error", "internal", "malformed_http", "slow_head",
-                     "connection_limit")
+                     "connection_limit", "forbidden")
 """The ``reason`` slugs of ``tailguard_rejections_total``: the ``reason`` of each
 :class:`~tailguard_runtime.errors.TailguardError` that is counted."""
 COMMON_CODES = ("200", "400", "408", "413", "422", "429", "500", "503", "504")

@@ -164,6 +164,10 @@ class RuntimeSettings:
     pod's ``terminationGracePeriodSeconds`` (30 s by default in Kubernetes)."""
     connections: ConnectionSettings = field(default_factory=ConnectionSettings)
     """Per-connection bounds: idle, head and body timeouts, the connection cap, pipelining."""
+    allowed_origins: tuple[str, ...] = ()
+    """``allowedOrigins``: web origins (``https://app.example.com``, exactly as browsers send
+    ``Origin``) whose requests are served; every other browser request gets 403 on every route
+    (:mod:`tailguard_runtime.http.browsers`). Empty by default: no web page is served."""
     control_secret: str | None = None
     """The per-run secret of ``tailguard up``'s control routes (``None``: no control routes,
     as in a cluster); see :mod:`tailguard_runtime.http.control`."""
@@ -185,6 +189,7 @@ class RuntimeSettings:
         Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?, "version"?}],
         "batching": {...}, "slo": {"windowSeconds", "p99LatencyMs"?},
         "drainGraceSeconds"?: float, "connections"?: {...} (see :class:`ConnectionSettings`),
+        "allowedOrigins"?: [str],
         "activeModel"?: str}`` with the same camelCase keys as the CRD (``activeModel`` is read
         by the server's traffic follower, not here).
 
@@ -204,6 +209,7 @@ class RuntimeSettings:
             slo_p99_ms=_optional_float(config.get("slo", {}).get("p99LatencyMs")),
             drain_grace_seconds=float(config.get("drainGraceSeconds", 20)),
             connections=ConnectionSettings.from_config(config.get("connections", {})),
+            allowed_origins=tuple(str(o) for o in config.get("allowedOrigins", ())),
         )
 
     @staticmethod
@@ -243,6 +249,8 @@ class RuntimeSettings:
         }
         if self.connections != ConnectionSettings():
             config["connections"] = self.connections.to_config()
+        if self.allowed_origins:
+            config["allowedOrigins"] = list(self.allowed_origins)
         return config
 
 

@@ -22,7 +22,8 @@ NO_OBSERVED = ("live numbers (p99, queue depth, req/s, errors) are not in the st
 
 
 def live_lines(stats: Mapping[str, Any]) -> list[str]:
-    """Lines for a ``/tailguard/stats`` document: the active role, then one block per role
+    """Lines for a ``/tailguard/stats`` document (with the ``status`` of
+    ``/tailguard/status`` under ``status``): the active role, then one block per role
     with p99 (ms) against the declared SLO (ms), p50/p95, samples, admitted req/s, queue depth
     (rows), errors and rejections by reason over the stats window (s), and the latest switch.
 
@@ -144,5 +145,8 @@ def _status(args: argparse.Namespace) -> int:
         print(f"tailguard status: 127.0.0.1:{args.port} serves {stats.get('name')!r}, not "
               f"{args.name!r}", file=sys.stderr)
         return 1
-    print("\n".join(live_lines(stats)))
+    guarded = call_local(args, "GET", "/tailguard/status", None)  # loopback only
+    if guarded is None:
+        return 1
+    print("\n".join(live_lines({**stats, "status": guarded.get("status") or {}})))
     return 0

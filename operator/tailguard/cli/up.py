@@ -24,6 +24,9 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--log-level", default="WARNING",
                     help="runtime log level: DEBUG, INFO, WARNING or ERROR (default WARNING; "
                          "traffic switches are always shown)")
+    up.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                    help="serve web pages of this origin (e.g. https://app.example.com; "
+                         "repeatable); every other browser request gets 403")
     up.set_defaults(func=_up)
 
 
@@ -34,7 +37,8 @@ def _up(args: argparse.Namespace) -> int:
     configure_logging(args.log_level.upper())
     hint = ("use make up PORT=<port> to pick another port" if os.environ.get("MAKELEVEL")
             else "use --port to pick another port")
-    return up(args.file, host=args.host, port=args.port, command=_spelled(), port_hint=hint)
+    return up(args.file, host=args.host, port=args.port, command=_spelled(), port_hint=hint,
+              allowed_origins=tuple(args.allow_origin))
 
 
 def _spelled() -> str:

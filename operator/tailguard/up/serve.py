@@ -11,6 +11,7 @@ status line on a terminal, plain log lines otherwise. Ctrl-C (or SIGTERM) drains
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import time
@@ -85,14 +86,16 @@ async def report_status(runtime: Runtime, shown: StatusLine, interval_s: float,
 
 
 def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: str = "tailguard",
-       port_hint: str = "use --port to pick another port") -> int:
+       port_hint: str = "use --port to pick another port",
+       allowed_origins: tuple[str, ...] = ()) -> int:
     """Serve the InferenceService in ``path`` until interrupted. Returns the exit code:
     0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port.
 
     ``command`` is how the banner spells the ``tailguard`` command so that its lines run as
     printed (e.g. ``.venv/bin/tailguard``); ``port_hint`` ends the busy-port line (``make up``
-    names ``PORT=``). Traffic switches are logged (logger ``tailguard_runtime.traffic``) and
-    Ctrl-C prints the drain's counts.
+    names ``PORT=``); ``allowed_origins``: web origins whose requests are served (every other
+    browser request gets 403). Traffic switches are logged (logger
+    ``tailguard_runtime.traffic``) and Ctrl-C prints the drain's counts.
     """
     try:
         found = read_file(path)
@@ -116,7 +119,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
         return 2
     limit_threads()
     secret = new_secret()
-    runtime = _load(isvc, out, secret)
+    runtime = _load(isvc, out, secret, allowed_origins)
     if runtime is None:
         sock.close()
         return 2
@@ -157,8 +160,10 @@ def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
                       f"({len(exc.errors)} problems):", *(f"  {line}" for line in exc.errors)])
 
 
-def _load(isvc: InferenceService, out: TextIO, secret: str) -> Runtime | None:
-    settings = isvc.runtime_settings(control_secret=secret)
+def _load(isvc: InferenceService, out: TextIO, secret: str,
+          allowed_origins: tuple[str, ...] = ()) -> Runtime | None:
+    settings = dataclasses.replace(isvc.runtime_settings(control_secret=secret),
+                                   allowed_origins=allowed_origins)
 
     def loading(role: str, uri: str) -> None:
         print(f"loading {role} {uri} ...", file=out, flush=True)

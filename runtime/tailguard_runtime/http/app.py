@@ -40,6 +40,7 @@ from tailguard_runtime.errors import (
     PayloadTooLarge,
     TailguardError,
 )
+from tailguard_runtime.http.browsers import browser_refusal
 from tailguard_runtime.http.control import add_control_routes
 from tailguard_runtime.http.errors import as_tailguard_error, asgi_error, error_response
 from tailguard_runtime.metrics import REFUSALS_DELAYED
@@ -108,8 +109,14 @@ class InferenceApp:
         self.pacer = RefusalPacer(limits.refusals_per_s, limits.refusals_per_s,
                                   limits.refusal_delay_s)
         self._count_delayed = REFUSALS_DELAYED.labels(runtime.name).inc
+        self.allowed_origins = frozenset(o.encode() for o in runtime.settings.allowed_origins)
+        """``Origin`` values served (:mod:`tailguard_runtime.http.browsers`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (
+                refused := browser_refusal(scope["headers"], self.allowed_origins)) is not None:
+            await self._refuse_browser(send, refused)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]
             if path.startswith("/v2/models/") and path.endswith("/infer"):
@@ -126,6 +133,15 @@ class InferenceApp:
                                scope["method"] == "HEAD")
             return
         await self.fallthrough(scope, receive, send)
+
+    async def _refuse_browser(self, send: Send, refused: TailguardError) -> None:
+        """Answer a web page's request 403 without reading it, and count it under the active
+        role (``tailguard_rejections_total{reason="forbidden"}``): the body, if any, is never
+        read, so the connection closes."""
+        start, answer = asgi_error(refused, close=True)
+        await send(start)
+        await send(answer)
+        self.runtime.active.metrics.count(refused.status_code, refused.reason)
 
     async def _health(self, send: Send, readiness: bool, head: bool) -> None:
         """``/v2/health/live`` (200 ``{"live": true}`` while the process serves; 503 once a
@@ -362,9 +378,7 @@ def build_app(runtime: Runtime) -> InferenceApp:
                 "ready": runtime.ready and not runtime.draining, **runtime.describe(),
                 "models": {role: s.stats.snapshot(now, s.batcher.queue_depth)
                            for role, s in runtime.models.items()},
-                "totals": runtime.totals(now),
-                **({} if runtime.status_source is None
-                   else {"status": runtime.status_source()})}
+                "totals": runtime.totals(now)}
 
     if runtime.settings.control_secret is not None:
         add_control_routes(api, runtime, runtime.settings.control_secret)

@@ -80,7 +80,7 @@ def refusal(client: str | None, port: int | None, headers: Iterable[tuple[bytes,
                          f"localhost:{port} or [::1]:{port}")
     names = {name for name, _ in headers}
     if b"origin" in names or any(name.startswith(b"sec-fetch-") for name in names):
-        return Forbidden("the control routes do not answer browsers")
+        return Forbidden("the control routes do not answer browsers")  # not even allowed ones
     if secret is None:
         return None
     given = [value for name, value in headers if name == b"authorization"]
