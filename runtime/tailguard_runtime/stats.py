@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from tailguard_runtime.metrics import LATENCY_BUCKETS_S
+
+EXCLUDED_REASONS = ("short_deadline", "input_rejected")
+"""Why an answered request is left out of what the SLO guard judges, which is the model and
+never its clients:
+
+* ``short_deadline``: a 504, or a 429 for its deadline, of a request whose own deadline (the
+  client's ``X-Request-Timeout-Ms`` or v2 ``parameters.timeout``) was shorter than the SLO: it
+  asked for less than the SLO promises, so missing it cannot witness a breach;
+* ``input_rejected``: the model raised ``ValueError``/``TypeError`` on this request's own rows,
+  run alone or isolated by bisection (a 422): the client's input, not the model, failed.
+  The guard still counts these when they are most of what the model ran (a model that
+  rejects everything is broken; see :mod:`tailguard.guard.policy`)."""
 
 CAPACITY = 1 << 18
 """Admitted requests remembered (a ring buffer): 262,144, so a 10 s window is exact up to
@@ -45,6 +57,7 @@ class WindowStats:
         self._next = 0
         self._capacity = capacity
         self._refused: deque[tuple[float, str]] = deque(maxlen=capacity)
+        self._excluded: deque[tuple[float, str]] = deque(maxlen=capacity)
 
     def admitted(self, now: float, latency_s: float, ok: bool, reason: str | None = None) -> None:
         """Record an admitted request answered at ``now``; ``ok`` is False for 504/model errors,
@@ -60,6 +73,13 @@ class WindowStats:
         """Record a request refused without reaching the model."""
         self.totals.refuse(reason)
         self._refused.append((now, reason))
+
+    def excluded(self, now: float, reason: str) -> None:
+        """Record a request whose outcome cannot judge the model (one of
+        :data:`EXCLUDED_REASONS`): answered, but left out of the latency, the errors and the
+        refusals the SLO guard judges."""
+        self.totals.exclude(reason)
+        self._excluded.append((now, reason))
 
     def snapshot(self, now: float, queue_depth: int) -> dict[str, Any]:
         """The window ending at ``now`` as a JSON-ready dict.
@@ -79,6 +99,11 @@ class WindowStats:
         rejected: dict[str, int] = {}
         for _, reason in self._refused:
             rejected[reason] = rejected.get(reason, 0) + 1
+        while self._excluded and self._excluded[0][0] < start:
+            self._excluded.popleft()
+        excluded: dict[str, int] = {}
+        for _, reason in self._excluded:
+            excluded[reason] = excluded.get(reason, 0) + 1
         n = int(latencies.size)
         if n:
             p50, p95, p99 = (float(v) * 1000.0 for v in np.percentile(latencies, (50, 95, 99)))
@@ -94,6 +119,7 @@ class WindowStats:
             "errorRate": round(errors / n, 6) if n else 0.0,
             "rejected": rejected,
             "rejectedTotal": sum(rejected.values()),
+            "excluded": excluded,
             "queueDepth": queue_depth,
             "latencyHistogram": {"bucketsSeconds": list(LATENCY_BUCKETS_S), "counts": cumulative},
         }
@@ -133,6 +159,7 @@ class Totals:
         self.admitted = 0
         self.failed: dict[str, int] = {}
         self.refused: dict[str, int] = {}
+        self.excluded: dict[str, int] = {}
 
     def admit(self, latency_s: float, failure: str | None) -> None:
         """Count one admitted request of ``latency_s`` seconds; ``failure`` is its reason slug
@@ -154,10 +181,15 @@ class Totals:
         """Count one request refused before it reached the queue, by reason slug."""
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
+    def exclude(self, reason: str) -> None:
+        """Count one request left out of judgement, by reason (:data:`EXCLUDED_REASONS`)."""
+        self.excluded[reason] = self.excluded.get(reason, 0) + 1
+
     def snapshot(self, queue_row_seconds: float) -> dict[str, Any]:
         """The totals as a JSON-ready dict (the shape :mod:`tailguard.guard.observe` reads).
 
-        Keys: ``admitted``, ``failed`` and ``refused`` (by reason), ``queueRowSeconds`` (the
+        Keys: ``admitted``, ``failed``, ``refused`` and ``excluded`` (by reason),
+        ``queueRowSeconds`` (the
         queue depth's integral over time, passed in, in row-seconds), ``calls``,
         ``callSeconds`` and ``slowCalls`` (batches whose model time was longer than
         ``slowCallSeconds``), and ``latencyHistogram`` with ``boundsSeconds`` and cumulative
@@ -172,6 +204,7 @@ class Totals:
             "admitted": self.admitted,
             "failed": dict(self.failed),
             "refused": dict(self.refused),
+            "excluded": dict(self.excluded),
             "queueRowSeconds": queue_row_seconds,
             "calls": self.calls,
             "callSeconds": self.call_seconds,
@@ -199,6 +232,7 @@ class TotalsSnapshot:
     calls: int = 0
     slow_calls: int = 0
     call_seconds: float = 0.0
+    excluded: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "TotalsSnapshot":
@@ -214,7 +248,8 @@ class TotalsSnapshot:
                          float(doc["queueRowSeconds"]),
                          tuple(float(b) for b in hist["boundsSeconds"]),
                          tuple(int(c) for c in hist["counts"]), int(doc.get("calls", 0)),
-                         int(doc.get("slowCalls", 0)), float(doc.get("callSeconds", 0.0)))
+                         int(doc.get("slowCalls", 0)), float(doc.get("callSeconds", 0.0)),
+                         {str(k): int(v) for k, v in doc.get("excluded", {}).items()})
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a totals document: {type(exc).__name__}: {exc}") from None
         if len(totals.counts) != len(totals.bounds_s) + 1:

@@ -50,9 +50,12 @@ def live_lines(stats: Mapping[str, Any]) -> list[str]:
         lines.append("    " + _latency(snap, slo))
         rejected = snap["rejected"]
         reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(rejected.items()))
+        excluded = snap.get("excluded") or {}
+        left_out = ", ".join(f"{reason}={n}" for reason, n in sorted(excluded.items()))
         lines.append(f"    queue={snap['queueDepth']} rows  req/s={snap['requestsPerSecond']:g}  "
                      f"errors={snap['errors']}  rejected={snap['rejectedTotal']}"
                      + (f" ({reasons})" if reasons else "")
+                     + (f"  excluded={sum(excluded.values())} ({left_out})" if excluded else "")
                      + f"  (last {snap['windowSeconds']:g}s)")
     return lines
 

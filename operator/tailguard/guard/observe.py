@@ -41,6 +41,9 @@ class Counts:
     calls: int = 0
     slow_calls: int = 0
     call_seconds: float = 0.0
+    excluded: Mapping[str, int] = field(default_factory=dict)
+    """Answered requests left out of judgement, by reason
+    (:data:`tailguard_runtime.stats.EXCLUDED_REASONS`)."""
 
     def __add__(self, other: "Counts") -> "Counts":
         """The two windows together (several pods over the same interval).
@@ -59,7 +62,7 @@ class Counts:
                       self.queue_row_seconds + other.queue_row_seconds, self.bounds_s,
                       tuple(a + b for a, b in zip(self.buckets, other.buckets)),
                       self.calls + other.calls, self.slow_calls + other.slow_calls,
-                      self.call_seconds + other.call_seconds)
+                      self.call_seconds + other.call_seconds, _add(self.excluded, other.excluded))
 
 
 def difference(previous: TotalsSnapshot | None, current: TotalsSnapshot) -> Counts:
@@ -71,14 +74,16 @@ def difference(previous: TotalsSnapshot | None, current: TotalsSnapshot) -> Coun
     if previous is None or _reset(previous, current):
         return Counts(current.admitted, dict(current.failed), dict(current.refused),
                       current.queue_row_seconds, current.bounds_s, _per_bucket(current.counts),
-                      current.calls, current.slow_calls, current.call_seconds)
+                      current.calls, current.slow_calls, current.call_seconds,
+                      dict(current.excluded))
     return Counts(current.admitted - previous.admitted, _sub(current.failed, previous.failed),
                   _sub(current.refused, previous.refused),
                   current.queue_row_seconds - previous.queue_row_seconds, current.bounds_s,
                   tuple(c - p for c, p in zip(_per_bucket(current.counts),
                                               _per_bucket(previous.counts))),
                   current.calls - previous.calls, current.slow_calls - previous.slow_calls,
-                  current.call_seconds - previous.call_seconds)
+                  current.call_seconds - previous.call_seconds,
+                  _sub(current.excluded, previous.excluded))
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,16 @@ class Observation:
     calls: int = 0
     slow_calls: int = 0
     model_ms: float | None = None
+    excluded: Mapping[str, int] = field(default_factory=dict)
+    """Answered requests left out of judgement, by reason: ``short_deadline`` (the client's
+    own deadline was shorter than the SLO) and ``input_rejected`` (the model raised on the
+    client's own rows; :mod:`tailguard.guard.policy` counts these when they are most of what
+    the model ran)."""
+
+    @property
+    def input_rejected(self) -> int:
+        """Requests whose own rows the model rejected (422), left out unless most were."""
+        return self.excluded.get("input_rejected", 0)
 
     @property
     def judged(self) -> int:
@@ -167,6 +182,7 @@ def observe(counts: Counts, *, role: str, end_s: float, window_s: float, slo_ms:
         calls=counts.calls,
         slow_calls=counts.slow_calls,
         model_ms=round(counts.call_seconds / counts.calls * 1000.0, 3) if counts.calls else None,
+        excluded={k: v for k, v in counts.excluded.items() if v},
     )
 
 
@@ -184,6 +200,8 @@ def status_observed(obs: Observation, window_end: str) -> dict[str, Any]:
         "deadlineRejected": obs.deadline_refused,
         "slowFraction": round(obs.slow_fraction, 6),
         "samples": obs.admitted,
+        "judged": obs.judged,
+        "excluded": dict(obs.excluded),
         "modelMs": obs.model_ms,
         "slowCalls": obs.slow_calls,
         "windowSeconds": round(obs.window_s, 3),
@@ -225,7 +243,8 @@ def _reset(previous: TotalsSnapshot, current: TotalsSnapshot) -> bool:
     if any(c < p for c, p in zip(current.counts, previous.counts)):
         return True
     return any(current.failed.get(k, 0) < v for k, v in previous.failed.items()) or any(
-        current.refused.get(k, 0) < v for k, v in previous.refused.items())
+        current.refused.get(k, 0) < v for k, v in previous.refused.items()) or any(
+        current.excluded.get(k, 0) < v for k, v in previous.excluded.items())
 
 
 def _add(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:

@@ -9,6 +9,16 @@ of its input, kept by the caller where a restart finds it (``status.guard`` in t
 
 The rules (README, "The SLO guard"):
 
+* The guard judges the model, never its clients: a window counts only evidence the model
+  controls. Left out, at the runtime (:data:`tailguard_runtime.stats.EXCLUDED_REASONS`): a
+  504 or a deadline refusal of a request whose own deadline was shorter than the SLO (it asked
+  for less than the SLO promises, so missing it cannot witness a breach), and a 422 for rows the
+  model rejected (the client's input failed, not the model; the model ran on those rows alone or
+  isolated them by bisection). The second comes back when it is most of what the model ran:
+  a model that rejects more than :data:`INPUT_REJECTED_SHARE` of its requests is broken, and
+  those 422s count as errors. Refusals (429 ``queue_full``, 413) are never evidence of overload:
+  a client can ask for a request that cannot fit whenever anything is queued; overload is judged
+  from the work that was admitted (its queue depth and its wait, below).
 * A window is judged on its admitted requests plus those refused for their deadline. Fewer
   than ``minSamples`` of them: ``Unknown`` (``InsufficientData``), never a breach.
 * A window is breached when more than 1% of the judged requests missed the SLO (slower than
@@ -16,9 +26,9 @@ The rules (README, "The SLO guard"):
   or when more than ``maxErrorRate`` of the admitted requests failed. When more than half of the
   judged requests were refused for their deadline (429 ``deadline``) or timed out (504), the
   breach is named ``deadline``: a model too slow to answer anything, not an idle one.
-* Overload explains a breach: mean queue depth per replica above ``scaling.targetQueueDepth``,
-  or more than 1% of the offered requests refused because the queue was full, or -- for a
-  latency or deadline breach -- queueing: the share of the window's model calls that took
+* Overload explains a breach: mean queue depth per replica (rows of admitted requests
+  waiting) above ``scaling.targetQueueDepth``, or -- for a latency or deadline breach --
+  queueing: the share of the window's model calls that took
   longer than half the SLO is at most a quarter of the share of judged requests that missed
   it. A request that waits for one call and then runs in the next misses the SLO only if a call
   takes more than half of it; when such calls are rare next to the slow requests, most slow
@@ -56,9 +66,11 @@ QUEUEING_RATIO = 4.0
 """A latency or deadline breach is queueing (overload), not a slow model, when the share of
 model calls longer than half the SLO is at most the share of judged requests that missed the
 SLO divided by this."""
-QUEUE_FULL_SHARE = 0.01
-"""More than this share of offered requests refused with 429 ``queue_full`` is overload (the
-queue was at ``maxQueueSize``), whatever the mean depth."""
+INPUT_REJECTED_SHARE = 0.5
+"""When the model rejected (422) the rows of more than this share of the requests it ran
+(admitted plus rejected), the model is what fails, not its clients: those requests count as
+judged requests and as errors. Below it they are the clients' own failures; a client must send
+most of the traffic to make a sound model look broken this way."""
 STALE_WINDOWS = 2.0
 """A latest window that ended more than this many window lengths before ``now`` is too old to
 judge: the guard reports ``idle``/Unknown (no fresh data) instead of acting on it."""
@@ -252,6 +264,9 @@ def _judge(spec: GuardSpec, obs: Observation | None) -> _Verdict:
         return _Verdict("unknown", "no window to judge yet")
     slo = f"{spec.p99_latency_ms:g}ms"
     p99 = "-" if obs.p99_ms is None else f"{obs.p99_ms:g}ms"
+    rejected = obs.input_rejected
+    if rejected > INPUT_REJECTED_SHARE * (obs.admitted + rejected):
+        return _judge_rejecting(spec, obs, rejected)
     if obs.judged < spec.min_samples:
         return _Verdict("unknown", f"{obs.judged} requests in the last {obs.window_s:g}s, fewer "
                         f"than minSamples={spec.min_samples}: too little traffic to judge")
@@ -280,6 +295,21 @@ def _judge(spec: GuardSpec, obs: Observation | None) -> _Verdict:
     return _Verdict("breach", what, breach, True)
 
 
+def _judge_rejecting(spec: GuardSpec, obs: Observation, rejected: int) -> _Verdict:
+    """A window in which the model rejected the rows of most requests it ran: its 422s count
+    as errors (:data:`INPUT_REJECTED_SHARE`)."""
+    ran = obs.admitted + rejected
+    if obs.judged + rejected < spec.min_samples:
+        return _Verdict("unknown", f"{obs.judged + rejected} requests in the last "
+                        f"{obs.window_s:g}s, fewer than minSamples={spec.min_samples}: too "
+                        "little traffic to judge")
+    rate = (obs.errors + rejected) / ran
+    what = (f"the model rejected the rows of {rejected} of the {ran} requests it ran "
+            f"({rejected / ran:.0%}): most of its input, so the model, not its clients, fails; "
+            f"error rate {rate:.1%} > maxErrorRate {spec.max_error_rate:g}")
+    return _Verdict("breach", what, "errors", True)
+
+
 def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | None:
     answer = ("scaling's job" if obs.replicas < spec.max_replicas
               else "shedding with 429 is the answer on one machine" if spec.max_replicas == 1
@@ -287,9 +317,6 @@ def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | No
     if obs.queue_depth > spec.target_queue_depth:
         return (f"queue {obs.queue_depth:.1f} rows/replica > targetQueueDepth "
                 f"{spec.target_queue_depth:g}, {answer}")
-    offered = obs.admitted + obs.refused_total
-    if offered and obs.queue_full > QUEUE_FULL_SHARE * offered:
-        return f"{obs.queue_full} of {offered} requests refused with a full queue, {answer}"
     if (breach in ("latency", "deadline") and obs.calls
             and obs.slow_calls / obs.calls <= obs.slow_fraction / QUEUEING_RATIO):
         return (f"queueing: {obs.slow_calls} of {obs.calls} model calls took over "

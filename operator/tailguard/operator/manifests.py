@@ -134,7 +134,8 @@ def runtime_config(isvc: resource.InferenceService, active_role: str) -> dict[st
     connections alive.
     """
     settings = isvc.runtime_settings(drain_grace_seconds=drain_grace_seconds(isvc))
-    return settings.to_config(active_role)
+    config: dict[str, Any] = settings.to_config(active_role)
+    return config
 
 
 def config_checksum(isvc: resource.InferenceService, role: str) -> str:

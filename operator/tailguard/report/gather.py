@@ -28,7 +28,12 @@ import httpx
 import numpy as np
 
 from tailguard.bench.plan import outcome, sweep_verdict
-from tailguard.guard.policy import QUEUE_FULL_SHARE, QUEUEING_RATIO, SLOW_FRACTION, GuardSpec
+from tailguard.guard.policy import (
+    INPUT_REJECTED_SHARE,
+    QUEUEING_RATIO,
+    SLOW_FRACTION,
+    GuardSpec,
+)
 from tailguard.report import probes
 from tailguard.spec.resource import InferenceService
 from tailguard.tune.grid import Policy
@@ -184,7 +189,7 @@ def _rollback(isvc: InferenceService, tables: dict[str, list[dict[str, Any]]],
                       "recoverWindows": spec.recover_windows, "minSamples": spec.min_samples,
                       "maxErrorRate": spec.max_error_rate,
                       "targetQueueDepth": spec.target_queue_depth,
-                      "slowFraction": SLOW_FRACTION, "queueFullShare": QUEUE_FULL_SHARE,
+                      "slowFraction": SLOW_FRACTION, "inputRejectedShare": INPUT_REJECTED_SHARE,
                       "queueingRatio": QUEUEING_RATIO},
         "guardNow": guard_now,
     }

@@ -63,7 +63,8 @@ def _has(mapping: dict[str, Any], dotted: str) -> bool:
 
 def status_line(runtime: Runtime, now: float, guard: LocalGuard | None = None) -> str:
     """One line: active model, p99 against the SLO and p50 (ms, exact over the sliding window),
-    queue depth (rows), admitted req/s, refusals, and the SLO guard's state."""
+    queue depth (rows), admitted req/s, refusals, requests left out of judgement (a client's own
+    short deadline or rejected rows), and the SLO guard's state."""
     served = runtime.active
     snap = served.stats.snapshot(now, served.batcher.queue_depth)
     p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}ms"
@@ -73,8 +74,17 @@ def status_line(runtime: Runtime, now: float, guard: LocalGuard | None = None) -
     state = "" if guard is None else f" guard={guard.label()}"
     return (f"{runtime.name}: active={runtime.active_role} p99={p99}{target} p50={p50} "
             f"queue={snap['queueDepth']} req/s={snap['requestsPerSecond']:.0f} "
-            f"errors={snap['errors']} rejected={snap['rejectedTotal']}{state} "
+            f"errors={snap['errors']} rejected={snap['rejectedTotal']}"
+            f"{_excluded(snap.get('excluded') or {})}{state} "
             f"(last {snap['windowSeconds']:.0f}s)")
+
+
+def _excluded(excluded: dict[str, int]) -> str:
+    """`` excluded=N (reason=n, ...)`` when the window left requests out of judgement."""
+    if not excluded:
+        return ""
+    reasons = ", ".join(f"{reason}={n}" for reason, n in sorted(excluded.items()))
+    return f" excluded={sum(excluded.values())} ({reasons})"
 
 
 async def report_status(runtime: Runtime, shown: StatusLine, interval_s: float,

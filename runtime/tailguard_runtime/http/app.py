@@ -92,6 +92,10 @@ class InferenceApp:
         self.runtime = runtime
         self.fallthrough = fallthrough
         self.default_timeout_s = runtime.settings.batching.timeout_ms / 1000.0
+        slo_ms = runtime.settings.slo_p99_ms
+        self.slo_s = None if slo_ms is None else slo_ms / 1000.0
+        """The SLO in seconds: a request whose own deadline is shorter cannot witness a breach
+        (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`)."""
         self.max_rows = runtime.settings.batching.max_queue_size
         n_features = next(iter(runtime.models.values())).predictor.n_features  # equal per role
         self.max_body = min(runtime.settings.max_body_bytes,
@@ -224,7 +228,8 @@ class InferenceApp:
                 payload = encode_v1(outputs[0])
         except TailguardError as exc:
             await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
-                             close=isinstance(exc, PayloadTooLarge) and body is None)
+                             close=isinstance(exc, PayloadTooLarge) and body is None,
+                             timeout_s=timeout_s if served is not None else None)
             return
         except Exception as exc:  # a bug of ours: answer 500, keep serving
             logger.exception("unexpected error serving %s", scope["path"])
@@ -299,14 +304,17 @@ class InferenceApp:
 
     async def _fail(self, send: Send, resolved: ServedModel | None, served: ServedModel | None,
                     exc: TailguardError, arrival: float, now: float, admitted: bool,
-                    close: bool = False) -> None:
+                    close: bool = False, timeout_s: float | None = None) -> None:
         """Answer ``exc``; ``resolved`` is the role the request reached (its identity headers
         go on the reply), ``served`` the same once the request passed readiness (its metrics
         count the reply). ``close``: end the connection after the reply; for a body refused
         unread, since keeping the connection means receiving and discarding all of it (16 MiB
         bodies sent back to back took most of a core). A 4xx past the refusal budget is
         answered late (:class:`~tailguard_runtime.admission.RefusalPacer`); its metrics and
-        stats count from ``now``, as if it had been answered at once."""
+        stats count from ``now``, as if it had been answered at once. ``timeout_s``: the
+        request's own deadline (s); with the model's verdict on the client's own rows (422), a
+        deadline shorter than the SLO makes the stats leave the outcome out of what the SLO
+        guard judges (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`)."""
         runtime = self.runtime
         if 400 <= exc.status_code < 500 and not isinstance(exc, UNPACED):
             delay_s = self.pacer.delay(now)
@@ -325,9 +333,19 @@ class InferenceApp:
         # admitted = the request reached the queue; its latency counts toward the SLO
         if admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
             served.metrics.request_duration(now - arrival)
+        if isinstance(exc, ModelFailed) and exc.status_code == 422:
+            served.stats.excluded(now, "input_rejected")
+        elif (exc.reason in DEADLINE_REASONS and timeout_s is not None
+              and self.slo_s is not None and timeout_s < self.slo_s):
+            served.stats.excluded(now, "short_deadline")
+        elif admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
             served.stats.admitted(now, now - arrival, False, exc.reason)
         else:
             served.stats.refused(now, exc.reason)
+
+
+DEADLINE_REASONS = frozenset(("deadline_exceeded", "deadline"))
+"""A 504 for a passed deadline, and a 429 for a deadline the queue cannot meet."""
 
 
 def build_app(runtime: Runtime) -> InferenceApp:

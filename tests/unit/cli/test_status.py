@@ -61,3 +61,14 @@ def test_live_lines_without_traffic_show_no_latency() -> None:
         "    p99=- (SLO 25ms): no admitted requests in the window",
         "    queue=0 rows  req/s=0  errors=0  rejected=2 (queue_full=2)  (last 10s)",
     ]
+
+
+def test_live_lines_show_what_the_window_left_out_of_judgement() -> None:
+    snap = {"windowSeconds": 10.0, "samples": 40, "p50Ms": 3.0, "p95Ms": 4.0, "p99Ms": 5.0,
+            "requestsPerSecond": 4.0, "errors": 0, "errorRate": 0.0, "rejected": {},
+            "rejectedTotal": 0, "excluded": {"short_deadline": 7, "input_rejected": 2},
+            "queueDepth": 0}
+    lines = live_lines({"name": "iris", "activeModel": "primary", "ready": True,
+                        "sloP99Ms": 25.0, "models": {"primary": snap}})
+    assert lines[-1] == ("    queue=0 rows  req/s=4  errors=0  rejected=0  excluded=9 "
+                         "(input_rejected=2, short_deadline=7)  (last 10s)")

@@ -104,3 +104,25 @@ def test_decide_on_observed_windows() -> None:
         previous = current
     decision = decide(spec, History(tuple(windows)), now_s=3.0)
     assert decision.action is Action.ROLL_BACK and decision.breach == "latency"
+
+
+def test_excluded_requests_are_a_window_of_their_own_and_never_judged() -> None:
+    """A short deadline's 504 and rows the model rejected are counted apart from the admitted
+    requests, the errors and the refusals, differenced like every other count, and shown in
+    the window's status."""
+    stats = WindowStats(10.0, slo_s=0.05)
+    stats.admitted(0.5, 0.004, True)
+    stats.excluded(0.6, "short_deadline")
+    before = read(stats.totals)
+    for _ in range(3):
+        stats.excluded(1.0, "short_deadline")
+    stats.excluded(1.0, "input_rejected")
+    stats.admitted(1.0, 0.004, True)
+    after = read(stats.totals)
+    obs = observe(difference(before, after), role="primary", end_s=2.0, window_s=1.0, slo_ms=50)
+    assert obs.excluded == {"short_deadline": 3, "input_rejected": 1}
+    assert (obs.admitted, obs.errors, obs.refused_total, obs.judged) == (1, 0, 0, 1)
+    shown = status_observed(obs, "2026-12-03T12:00:00Z")
+    assert shown["excluded"] == {"short_deadline": 3, "input_rejected": 1}
+    assert shown["judged"] == 1
+    assert stats.snapshot(1.0, 0)["excluded"] == {"short_deadline": 4, "input_rejected": 1}

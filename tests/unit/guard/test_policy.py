@@ -33,13 +33,14 @@ SPEC = GuardSpec(p99_latency_ms=50, window_seconds=10, breach_windows=3, recover
 def window(role: str, end_s: float, *, admitted: int = 500, slow: int = 0, errors: int = 0,
            timeouts: int = 0, deadline_refused: int = 0, queue_full: int = 0,
            queue_depth: float = 0.5, replicas: int = 1, calls: int = 0, slow_calls: int = 0,
-           model_ms: float | None = None) -> Observation:
+           model_ms: float | None = None, excluded: dict[str, int] | None = None
+           ) -> Observation:
     p99 = None if not admitted else (80.0 if slow > admitted * 0.01 else 20.0)
     return Observation(role=role, end_s=end_s, window_s=10.0, admitted=admitted, slow=slow,
                        errors=errors, timeouts=timeouts, deadline_refused=deadline_refused,
                        queue_full=queue_full, refused_total=deadline_refused + queue_full,
                        queue_depth=queue_depth, p99_ms=p99, replicas=replicas, calls=calls,
-                       slow_calls=slow_calls, model_ms=model_ms)
+                       slow_calls=slow_calls, model_ms=model_ms, excluded=excluded or {})
 
 
 GOOD: dict[str, Any] = {"admitted": 500, "slow": 2}                 # 0.4% slower than the SLO
@@ -116,10 +117,36 @@ def test_overload_is_not_a_broken_model(max_replicas: int, replicas: int, wordin
     assert wording in last.reason and "queue 60.0 rows/replica > targetQueueDepth 8" in last.reason
 
 
-def test_a_full_queue_is_overload_even_when_the_mean_depth_is_low() -> None:
+def test_refusals_never_make_a_window_overload() -> None:
+    """A client sending requests of maxQueueSize rows is refused (429 queue_full) whenever
+    anything is queued; those refusals must neither explain away a slow model's breach nor
+    make a healthy window look overloaded. Overload is judged from the admitted work."""
     run = Script()
-    d = run.step(admitted=300, slow=100, queue_depth=3.0, queue_full=50)
-    assert d.action is Action.OVERLOAD and "50 of 350 requests refused with a full queue" in d.reason
+    d = run.step(admitted=300, slow=100, queue_depth=3.0, queue_full=5000)
+    assert d.action is Action.NOTHING and d.label == "breach 1/3", d.reason
+    healthy = Script().step(**GOOD, queue_full=5000)
+    assert healthy.action is Action.NOTHING and healthy.state == "ok", healthy.reason
+
+
+def test_a_broken_model_is_rolled_back_beside_refused_oversized_requests() -> None:
+    run = Script()
+    decisions = run.steps(3, **SLOW, queue_full=4000)
+    assert [d.label for d in decisions] == ["breach 1/3", "breach 2/3", "rolled back"]
+
+
+def test_rows_the_model_rejected_are_the_clients_unless_they_are_most_of_what_it_ran() -> None:
+    """5% of requests with rows the model rejects (422) leave a sound model alone; a model
+    that rejects (nearly) every request is broken, and is rolled back on errors."""
+    attacked = Script()
+    decisions = attacked.steps(10, **GOOD, excluded={"input_rejected": 25})
+    assert all(d.action is Action.NOTHING and d.state == "ok" for d in decisions)
+    broken = Script()
+    decisions = broken.steps(3, admitted=5, excluded={"input_rejected": 495})
+    assert [d.label for d in decisions] == ["breach 1/3", "breach 2/3", "rolled back"]
+    assert decisions[-1].breach == "errors"
+    assert "rejected the rows of 495 of the 500 requests it ran" in decisions[-1].reason
+    too_few = Script().step(admitted=2, excluded={"input_rejected": 20})
+    assert too_few.slo_status == "Unknown"  # 22 < minSamples: too little to judge
 
 
 def test_a_slow_model_at_a_low_queue_is_rolled_back_after_exactly_breach_windows() -> None:

@@ -1,0 +1,73 @@
+"""Watching the SLO guard of a real `tailguard up` from a test: its status every window, bounded
+open-loop load from `tailguard bench`, and its rollback counter."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness.up import ROOT, TAILGUARD, Up
+
+
+def stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class StatusPoller:
+    """Reads GET /tailguard/status every 0.1 s in a thread; keeps one entry per window."""
+
+    def __init__(self, up: Up) -> None:
+        self.url = f"{up.base}/tailguard/status"
+        self.windows: dict[str, dict[str, Any]] = {}
+        self.last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "StatusPoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=10) as http:
+            while not self._stop.is_set():
+                status = http.get(self.url).json()["status"]
+                self.last = status
+                observed = status.get("observed")
+                if observed:
+                    self.windows.setdefault(observed["windowEnd"], status)
+                time.sleep(0.1)
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return [self.windows[k] for k in sorted(self.windows, key=stamp)]
+
+
+def load(up: Up, name: str, tmp_path: Path, *, rate: float, duration_s: float) -> list[dict[str, Any]]:
+    """Run `tailguard bench` open loop to completion (no warm-up: the whole schedule is measured,
+    uniform arrivals); return one record per request. Its schedule lag on this shared machine is
+    not under test here, so the run's validity is not asserted."""
+    out = tmp_path / f"answers-{time.monotonic_ns()}.jsonl"
+    done = subprocess.run([*TAILGUARD, "bench", f"{up.base}/v2/models/{name}", "--rate", str(rate),
+                           "--arrivals", "uniform", "--duration", str(duration_s), "--warmup", "0",
+                           "--max-requests", "4000", "--max-lag-ms", "100000", "--json",
+                           "--records", str(out)],
+                          capture_output=True, text=True, timeout=duration_s + 60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def rollbacks(up: Up, name: str) -> dict[str, float]:
+    text = httpx.get(f"{up.base}/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'tailguard_rollbacks_total\{model="%s",reason="(\w+)"\} ([0-9.e+]+)' % name, text)}

@@ -1,0 +1,126 @@
+"""The SLO guard of a real `tailguard up` judges the model, never its clients: a client sending
+tiny deadlines cannot roll a healthy primary back, and cannot stop a broken one from being
+rolled back. Load from `tailguard bench` (a separate process) plus an attacker thread, both on
+127.0.0.1 only, bounded in time.
+
+Found by trying: requests carrying ``X-Request-Timeout-Ms: 0.001`` or v2 ``parameters.timeout:
+1`` were admitted on an idle queue, expired, got 504 ``deadline_exceeded`` and counted as
+failures of the model: two a second beside a good client moved traffic to the fallback while
+the primary's p99 stayed far under the SLO.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from harness.guard import StatusPoller, load, rollbacks, stamp
+from harness.up import Up, start_up
+
+SPEC = """\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  model: {{uri: "builtin://iris/random-forest?trees=20{delay}"}}
+  fallback: {{uri: builtin://iris/logistic-regression}}
+  batching: {{timeoutMs: 3000}}
+  slo: {{p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}}
+"""
+ROW = [[5.1, 3.5, 1.4, 0.2]]
+
+
+def _serve(tmp_path: Path, name: str, delay: str) -> Up:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(SPEC.format(name=name, delay=delay))
+    return start_up(spec)
+
+
+@pytest.fixture
+def healthy(tmp_path: Path) -> Iterator[Up]:
+    server = _serve(tmp_path, "healthy", "")
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.fixture
+def broken(tmp_path: Path) -> Iterator[Up]:
+    server = _serve(tmp_path, "broken", "&delayMs=300")  # every call beyond the 150 ms SLO
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+class TinyDeadlines:
+    """An attacker thread: requests whose own deadline is shorter than the SLO, alternately by
+    header (``X-Request-Timeout-Ms: 0.001``) and by v2 parameter (``timeout``: 1 µs), about
+    ``rate`` a second until stopped; counts the answers it got by status."""
+
+    def __init__(self, up: Up, name: str, rate: float = 10.0) -> None:
+        self.url = f"{up.base}/v2/models/{name}/infer"
+        self.interval_s = 1.0 / rate
+        self.codes: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "TinyDeadlines":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            n = 0
+            while not self._stop.wait(self.interval_s) and n < 2000:
+                n += 1
+                doc: dict[str, object] = {"inputs": [{"name": "input-0", "shape": [1, 4],
+                                                      "datatype": "FP64", "data": ROW}]}
+                headers = {"Content-Type": "application/json"}
+                if n % 2:
+                    headers["X-Request-Timeout-Ms"] = "0.001"
+                else:
+                    doc["parameters"] = {"timeout": 1}
+                reply = client.post(self.url, content=json.dumps(doc), headers=headers)
+                self.codes[reply.status_code] = self.codes.get(reply.status_code, 0) + 1
+
+
+def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path: Path) -> None:
+    with StatusPoller(healthy) as poller, TinyDeadlines(healthy, "healthy") as attacker:
+        answers = load(healthy, "healthy", tmp_path, rate=40, duration_s=10)
+    windows = poller.ordered()
+    assert {a["status"] for a in answers} == {200}
+    # the attack ran: its requests expired (504) or were refused for their deadline (429)
+    assert sum(attacker.codes.get(code, 0) for code in (429, 504)) >= 20, attacker.codes
+    judged = [w for w in windows if w["observed"]["samples"] >= 10]
+    assert len(judged) >= 6, [w["observed"] for w in windows]
+    assert all(w["activeModel"] == "primary" for w in windows)
+    assert all(w["guard"]["state"] == "ok" for w in judged), [w["guard"] for w in judged]
+    assert set(rollbacks(healthy, "healthy").values()) == {0.0}
+    # and the guard says what it left out, window by window
+    excluded = sum(w["observed"].get("excluded", {}).get("short_deadline", 0) for w in windows)
+    assert excluded >= 20, [w["observed"] for w in windows]
+
+
+def test_tiny_deadlines_never_stop_a_broken_primary_from_being_rolled_back(
+        broken: Up, tmp_path: Path) -> None:
+    with StatusPoller(broken) as poller, TinyDeadlines(broken, "broken"):
+        load(broken, "broken", tmp_path, rate=40, duration_s=7)
+    windows = poller.ordered()
+    status = poller.last
+    assert status["activeModel"] == "fallback" and status["guard"]["state"] == "rolledBack"
+    assert rollbacks(broken, "broken")["latency"] == 1.0
+    first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
+                        and w["observed"]["slowFraction"] > 0.01)
+    rolled_at = stamp(status["guard"]["rolledBackAt"])
+    assert rolled_at - stamp(first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
