@@ -53,15 +53,17 @@ class StatusPoller:
         return [self.windows[k] for k in sorted(self.windows, key=stamp)]
 
 
-def load(up: Up, name: str, tmp_path: Path, *, rate: float, duration_s: float) -> list[dict[str, Any]]:
+def load(up: Up, name: str, tmp_path: Path, *, rate: float, duration_s: float,
+         extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Run `tailguard bench` open loop to completion (no warm-up: the whole schedule is measured,
-    uniform arrivals); return one record per request. Its schedule lag on this shared machine is
-    not under test here, so the run's validity is not asserted."""
+    uniform arrivals; ``extra``: more options, such as ``--rows``); return one record per
+    request. Its schedule lag on this shared machine is not under test here, so the run's
+    validity is not asserted."""
     out = tmp_path / f"answers-{time.monotonic_ns()}.jsonl"
     done = subprocess.run([*TAILGUARD, "bench", f"{up.base}/v2/models/{name}", "--rate", str(rate),
                            "--arrivals", "uniform", "--duration", str(duration_s), "--warmup", "0",
                            "--max-requests", "4000", "--max-lag-ms", "100000", "--json",
-                           "--records", str(out)],
+                           "--records", str(out), *extra],
                           capture_output=True, text=True, timeout=duration_s + 60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in out.read_text().splitlines()]

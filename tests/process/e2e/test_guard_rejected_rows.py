@@ -1,0 +1,137 @@
+"""Rows the model rejects are the client's failure, never the model's, until they are most of
+what the model runs: on a real `tailguard up` serving a file:// model that raises ``ValueError``
+on a poisoned row, a client sending 5% poisoned requests beside a good client cannot roll a
+healthy primary back, and a model that rejects every request it gets is rolled back on errors.
+
+Found by trying: 5% of requests with an input the model rejects (422 ``model_error``) rolled a
+healthy primary back in 6 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from harness.guard import StatusPoller, load, rollbacks, stamp
+from harness.runtime import PROBE_MODULE, PROBE_SOURCE, make_probe, probe_rows
+from harness.up import Up
+from tailguard.up.child import start_up
+
+POISON = -999.0
+"""A first value the probe model raises ``ValueError`` on (``harness.runtime``)."""
+
+SPEC = """\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {{name: probe}}
+spec:
+  model: {{uri: "file://{path}", sha256: "{sha256}"}}
+  fallback: {{uri: builtin://iris/logistic-regression}}
+  batching: {{timeoutMs: 3000}}
+  slo: {{p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}}
+"""
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    """`tailguard up` serving the probe model (its module on the child's ``PYTHONPATH``)."""
+    folder = tmp_path / "probe"
+    folder.mkdir()
+    source = folder / f"{PROBE_MODULE}.py"
+    source.write_text(PROBE_SOURCE, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(PROBE_MODULE, source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PROBE_MODULE] = module  # so that joblib pickles the class by this name
+    try:
+        spec.loader.exec_module(module)
+        _, path = make_probe((module, source), folder, "probe")
+    finally:
+        sys.modules.pop(PROBE_MODULE, None)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    yaml_path = tmp_path / "probe.yaml"
+    yaml_path.write_text(SPEC.format(path=path, sha256=digest))
+    np.save(tmp_path / "rows.npy", probe_rows(200, seed=7))
+    server = start_up(yaml_path, env={"PYTHONPATH": str(folder)})
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+class Poisoner:
+    """A client sending one-row requests the model rejects, about ``rate`` a second."""
+
+    def __init__(self, up: Up, rate: float) -> None:
+        self.url = f"{up.base}/v2/models/probe/infer"
+        self.interval_s = 1.0 / rate
+        self.codes: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Poisoner":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        row = probe_rows(1, seed=9)
+        row[0, 0] = POISON
+        body = json.dumps({"inputs": [{"name": "input-0", "shape": [1, 4], "datatype": "FP64",
+                                       "data": row.tolist()}]})
+        with httpx.Client(timeout=10) as client:
+            n = 0
+            while not self._stop.wait(self.interval_s) and n < 2000:
+                n += 1
+                reply = client.post(self.url, content=body,
+                                    headers={"Content-Type": "application/json"})
+                self.codes[reply.status_code] = self.codes.get(reply.status_code, 0) + 1
+
+
+def _bench(up: Up, tmp_path: Path, duration_s: float) -> list[dict[str, object]]:
+    return load(up, "probe", tmp_path, rate=40, duration_s=duration_s,
+                extra=("--rows", str(tmp_path / "rows.npy")))
+
+
+def test_a_client_whose_rows_the_model_rejects_never_rolls_a_healthy_primary_back(
+        up: Up, tmp_path: Path) -> None:
+    with StatusPoller(up) as poller, Poisoner(up, rate=2) as poisoner:
+        answers = _bench(up, tmp_path, duration_s=10)
+    windows = poller.ordered()
+    assert answers and {a["status"] for a in answers} == {200}
+    assert poisoner.codes.get(422, 0) >= 10 and set(poisoner.codes) == {422}, poisoner.codes
+    judged = [w for w in windows if w["observed"]["samples"] >= 10]
+    assert len(judged) >= 6, [w["observed"] for w in windows]
+    assert all(w["activeModel"] == "primary" for w in windows)
+    assert all(w["guard"]["state"] == "ok" for w in judged), [w["guard"] for w in judged]
+    assert set(rollbacks(up, "probe").values()) == {0.0}
+    rejected = sum(w["observed"].get("excluded", {}).get("input_rejected", 0) for w in windows)
+    assert rejected >= 10, [w["observed"] for w in windows]
+
+
+def test_a_model_that_rejects_every_request_is_rolled_back(up: Up, tmp_path: Path) -> None:
+    with StatusPoller(up) as poller, Poisoner(up, rate=25):
+        deadline = time.monotonic() + 15  # 2 windows of 1 s, and room for a busy machine
+        while poller.last.get("activeModel") != "fallback" and time.monotonic() < deadline:
+            time.sleep(0.1)
+    status = poller.last
+    assert status["activeModel"] == "fallback" and status["guard"]["state"] == "rolledBack"
+    assert rollbacks(up, "probe")["errors"] == 1.0
+    windows = poller.ordered()
+    first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
+                        and w["observed"].get("excluded", {}).get("input_rejected", 0) >= 10)
+    assert stamp(status["guard"]["rolledBackAt"]) - stamp(
+        first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
