@@ -124,3 +124,49 @@ def test_tiny_deadlines_never_stop_a_broken_primary_from_being_rolled_back(
                         and w["observed"]["slowFraction"] > 0.01)
     rolled_at = stamp(status["guard"]["rolledBackAt"])
     assert rolled_at - stamp(first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
+
+
+class Oversized:
+    """An attacker thread: requests of ``maxQueueSize`` rows (256 by default), refused with 429
+    ``queue_full`` whenever anything is queued, twice a second until stopped."""
+
+    def __init__(self, up: Up, name: str, rows: int = 256) -> None:
+        self.url = f"{up.base}/v2/models/{name}/infer"
+        self.body = json.dumps({"inputs": [{"name": "input-0", "shape": [rows, 4],
+                                            "datatype": "FP64", "data": ROW * rows}]})
+        self.codes: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Oversized":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=20) as client:
+            for _ in range(200):
+                if self._stop.wait(0.5):
+                    return
+                reply = client.post(self.url, content=self.body,
+                                    headers={"Content-Type": "application/json"})
+                self.codes[reply.status_code] = self.codes.get(reply.status_code, 0) + 1
+
+
+def test_oversized_requests_never_stop_a_broken_primary_from_being_rolled_back(
+        broken: Up, tmp_path: Path) -> None:
+    """Refusals of requests that cannot fit used to paint every window as overload, which ends
+    a breach streak: a broken primary then served far over its SLO for as long as they came."""
+    with StatusPoller(broken) as poller, Oversized(broken, "broken") as attacker:
+        load(broken, "broken", tmp_path, rate=40, duration_s=7)
+    assert attacker.codes.get(429, 0) >= 3, attacker.codes
+    status = poller.last
+    assert status["activeModel"] == "fallback" and status["guard"]["state"] == "rolledBack"
+    windows = poller.ordered()
+    first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
+                        and w["observed"]["slowFraction"] > 0.01)
+    assert stamp(status["guard"]["rolledBackAt"]) - stamp(
+        first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
