@@ -135,3 +135,24 @@ def test_a_model_that_rejects_every_request_is_rolled_back(up: Up, tmp_path: Pat
                         and w["observed"].get("excluded", {}).get("input_rejected", 0) >= 10)
     assert stamp(status["guard"]["rolledBackAt"]) - stamp(
         first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
+
+
+def test_poisoned_batch_mates_fail_no_good_request_and_roll_nothing_back(
+        up: Up, tmp_path: Path) -> None:
+    """Eight connections sending rows the model rejects beside a good client: they share
+    batches with its requests, bisection and requests run alone settle every batch, and no
+    good request fails."""
+    poisoners = [Poisoner(up, rate=3) for _ in range(8)]  # 24/s of 64/s: under half
+    with StatusPoller(up) as poller:
+        for p in poisoners:
+            p.__enter__()
+        try:
+            answers = _bench(up, tmp_path, duration_s=10)
+        finally:
+            for p in poisoners:
+                p.__exit__(None, None, None)
+    assert answers and {a["status"] for a in answers} == {200}
+    assert all(set(p.codes) == {422} for p in poisoners), [p.codes for p in poisoners]
+    windows = poller.ordered()
+    assert all(w["activeModel"] == "primary" for w in windows)
+    assert set(rollbacks(up, "probe").values()) == {0.0}
