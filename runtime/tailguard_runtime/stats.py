@@ -24,9 +24,10 @@ EXCLUDED_REASONS = ("short_deadline", "input_rejected")
 """Why an answered request is left out of what the SLO guard judges, which is the model and
 never its clients:
 
-* ``short_deadline``: a 504, or a 429 for its deadline, of a request whose own deadline (the
-  client's ``X-Request-Timeout-Ms`` or v2 ``parameters.timeout``) was shorter than the SLO: it
-  asked for less than the SLO promises, so missing it cannot witness a breach;
+* ``short_deadline``: any answer (200, 504, or a 429 for its deadline) to a request whose
+  client shortened its deadline (``X-Request-Timeout-Ms`` or v2 ``parameters.timeout``) below
+  the SLO: it asked for less than the SLO promises, so missing it cannot witness a breach, and
+  its fast answers must not dilute the slow ones either;
 * ``input_rejected``: the model raised ``ValueError``/``TypeError`` on this request's own rows,
   run alone or isolated by bisection (a 422): the client's input, not the model, failed.
   The guard still counts these when they are most of what the model ran (a model that

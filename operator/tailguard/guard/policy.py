@@ -305,9 +305,12 @@ def _judge_rejecting(spec: GuardSpec, obs: Observation, rejected: int) -> _Verdi
                         "little traffic to judge")
     rate = (obs.errors + rejected) / ran
     what = (f"the model rejected the rows of {rejected} of the {ran} requests it ran "
-            f"({rejected / ran:.0%}): most of its input, so the model, not its clients, fails; "
-            f"error rate {rate:.1%} > maxErrorRate {spec.max_error_rate:g}")
-    return _Verdict("breach", what, "errors", True)
+            f"({rejected / ran:.0%}): most of its input, so the model, not its clients, fails")
+    if rate <= spec.max_error_rate:
+        return _Verdict("met", f"{what}; error rate {rate:.1%} <= maxErrorRate "
+                        f"{spec.max_error_rate:g}")
+    return _Verdict("breach", f"{what}; error rate {rate:.1%} > maxErrorRate "
+                    f"{spec.max_error_rate:g}", "errors", True)
 
 
 def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | None:

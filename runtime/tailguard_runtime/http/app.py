@@ -245,7 +245,18 @@ class InferenceApp:
         metrics = served.metrics
         metrics.request_duration(now - arrival)
         metrics.count_ok()
-        served.stats.admitted(now, now - arrival, True)
+        if self._short(timeout_s):
+            served.stats.excluded(now, "short_deadline")
+        else:
+            served.stats.admitted(now, now - arrival, True)
+
+    def _short(self, timeout_s: float | None) -> bool:
+        """Whether the client shortened this request's deadline below the SLO: then none of
+        its outcomes can witness a breach (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`).
+        A spec whose own ``timeoutMs`` is below the SLO shortens nothing: its requests are
+        judged."""
+        return (timeout_s is not None and self.slo_s is not None
+                and timeout_s < self.default_timeout_s and timeout_s < self.slo_s)
 
     def _decode(self, body: bytes, encoding: bytes | None, predictor: Predictor,
                 v2: bool) -> V2Request | Any:
@@ -311,10 +322,10 @@ class InferenceApp:
         unread, since keeping the connection means receiving and discarding all of it (16 MiB
         bodies sent back to back took most of a core). A 4xx past the refusal budget is
         answered late (:class:`~tailguard_runtime.admission.RefusalPacer`); its metrics and
-        stats count from ``now``, as if it had been answered at once. ``timeout_s``: the
-        request's own deadline (s); with the model's verdict on the client's own rows (422), a
-        deadline shorter than the SLO makes the stats leave the outcome out of what the SLO
-        guard judges (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`)."""
+        stats count from ``now``, as if it had been answered at once. What the SLO guard may
+        not judge is left out of the stats (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`):
+        a 422 for rows the model rejected, and a 504 or deadline refusal whose deadline
+        ``timeout_s`` (s) the client shortened below the SLO."""
         runtime = self.runtime
         if 400 <= exc.status_code < 500 and not isinstance(exc, UNPACED):
             delay_s = self.pacer.delay(now)
@@ -335,8 +346,7 @@ class InferenceApp:
             served.metrics.request_duration(now - arrival)
         if isinstance(exc, ModelFailed) and exc.status_code == 422:
             served.stats.excluded(now, "input_rejected")
-        elif (exc.reason in DEADLINE_REASONS and timeout_s is not None
-              and self.slo_s is not None and timeout_s < self.slo_s):
+        elif exc.reason in DEADLINE_REASONS and self._short(timeout_s):
             served.stats.excluded(now, "short_deadline")
         elif admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
             served.stats.admitted(now, now - arrival, False, exc.reason)

@@ -60,9 +60,11 @@ def broken(tmp_path: Path) -> Iterator[Up]:
 
 
 class TinyDeadlines:
-    """An attacker thread: requests whose own deadline is shorter than the SLO, alternately by
-    header (``X-Request-Timeout-Ms: 0.001``) and by v2 parameter (``timeout``: 1 µs), about
-    ``rate`` a second until stopped; counts the answers it got by status."""
+    """An attacker thread: requests whose own deadline is shorter than the SLO, in turn by
+    header (``X-Request-Timeout-Ms: 0.001``), by v2 parameter (``timeout``: 1 µs), and by a
+    header short of the SLO but long enough to be answered (100 ms against 150: its fast 200s
+    must not dilute the slow answers either), about ``rate`` a second until stopped; counts
+    the answers it got by status."""
 
     def __init__(self, up: Up, name: str, rate: float = 10.0) -> None:
         self.url = f"{up.base}/v2/models/{name}/infer"
@@ -87,10 +89,12 @@ class TinyDeadlines:
                 doc: dict[str, object] = {"inputs": [{"name": "input-0", "shape": [1, 4],
                                                       "datatype": "FP64", "data": ROW}]}
                 headers = {"Content-Type": "application/json"}
-                if n % 2:
+                if n % 3 == 0:
                     headers["X-Request-Timeout-Ms"] = "0.001"
-                else:
+                elif n % 3 == 1:
                     doc["parameters"] = {"timeout": 1}
+                else:
+                    headers["X-Request-Timeout-Ms"] = "100"
                 reply = client.post(self.url, content=json.dumps(doc), headers=headers)
                 self.codes[reply.status_code] = self.codes.get(reply.status_code, 0) + 1
 
@@ -100,8 +104,10 @@ def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path:
         answers = load(healthy, "healthy", tmp_path, rate=40, duration_s=10)
     windows = poller.ordered()
     assert {a["status"] for a in answers} == {200}
-    # the attack ran: its requests expired (504) or were refused for their deadline (429)
-    assert sum(attacker.codes.get(code, 0) for code in (429, 504)) >= 20, attacker.codes
+    # the attack ran: its requests expired (504), were refused for their deadline (429), or
+    # were answered within their short deadline (200)
+    assert sum(attacker.codes.get(code, 0) for code in (429, 504)) >= 15, attacker.codes
+    assert attacker.codes.get(200, 0) >= 10, attacker.codes
     judged = [w for w in windows if w["observed"]["samples"] >= 10]
     assert len(judged) >= 6, [w["observed"] for w in windows]
     assert all(w["activeModel"] == "primary" for w in windows)
@@ -109,7 +115,7 @@ def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path:
     assert set(rollbacks(healthy, "healthy").values()) == {0.0}
     # and the guard says what it left out, window by window
     excluded = sum(w["observed"].get("excluded", {}).get("short_deadline", 0) for w in windows)
-    assert excluded >= 20, [w["observed"] for w in windows]
+    assert excluded >= 0.8 * sum(attacker.codes.values()), (excluded, attacker.codes)
 
 
 def test_tiny_deadlines_never_stop_a_broken_primary_from_being_rolled_back(

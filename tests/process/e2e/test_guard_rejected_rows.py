@@ -27,6 +27,10 @@ from harness.runtime import PROBE_MODULE, PROBE_SOURCE, make_probe, probe_rows
 from harness.up import Up
 from tailguard.up.child import start_up
 
+MODULE = f"{PROBE_MODULE}_guard"
+"""The probe's module name here: its own, so that this test never replaces the module the HTTP
+tests of the same worker registered under ``PROBE_MODULE``."""
+
 POISON = -999.0
 """A first value the probe model raises ``ValueError`` on (``harness.runtime``)."""
 
@@ -47,17 +51,17 @@ def up(tmp_path: Path) -> Iterator[Up]:
     """`tailguard up` serving the probe model (its module on the child's ``PYTHONPATH``)."""
     folder = tmp_path / "probe"
     folder.mkdir()
-    source = folder / f"{PROBE_MODULE}.py"
+    source = folder / f"{MODULE}.py"
     source.write_text(PROBE_SOURCE, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(PROBE_MODULE, source)
+    spec = importlib.util.spec_from_file_location(MODULE, source)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[PROBE_MODULE] = module  # so that joblib pickles the class by this name
+    sys.modules[MODULE] = module  # so that joblib pickles the class by this name
     try:
         spec.loader.exec_module(module)
         _, path = make_probe((module, source), folder, "probe")
     finally:
-        sys.modules.pop(PROBE_MODULE, None)
+        del sys.modules[MODULE]
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     yaml_path = tmp_path / "probe.yaml"
     yaml_path.write_text(SPEC.format(path=path, sha256=digest))
@@ -72,7 +76,9 @@ def up(tmp_path: Path) -> Iterator[Up]:
 class Poisoner:
     """A client sending one-row requests the model rejects, about ``rate`` a second."""
 
-    def __init__(self, up: Up, rate: float) -> None:
+    def __init__(self, up: Up, rate: float, after_admitted: int = 0) -> None:
+        self.base = up.base
+        self.after_admitted = after_admitted
         self.url = f"{up.base}/v2/models/probe/infer"
         self.interval_s = 1.0 / rate
         self.codes: dict[int, int] = {}
@@ -93,6 +99,10 @@ class Poisoner:
         body = json.dumps({"inputs": [{"name": "input-0", "shape": [1, 4], "datatype": "FP64",
                                        "data": row.tolist()}]})
         with httpx.Client(timeout=10) as client:
+            while self.after_admitted and not self._stop.wait(0.05):  # the good client first
+                totals = client.get(f"{self.base}/tailguard/stats").json()["totals"]
+                if totals["primary"]["admitted"] >= self.after_admitted:
+                    break
             n = 0
             while not self._stop.wait(self.interval_s) and n < 2000:
                 n += 1
@@ -108,7 +118,7 @@ def _bench(up: Up, tmp_path: Path, duration_s: float) -> list[dict[str, object]]
 
 def test_a_client_whose_rows_the_model_rejects_never_rolls_a_healthy_primary_back(
         up: Up, tmp_path: Path) -> None:
-    with StatusPoller(up) as poller, Poisoner(up, rate=2) as poisoner:
+    with StatusPoller(up) as poller, Poisoner(up, rate=2, after_admitted=20) as poisoner:
         answers = _bench(up, tmp_path, duration_s=10)
     windows = poller.ordered()
     assert answers and {a["status"] for a in answers} == {200}
@@ -142,7 +152,8 @@ def test_poisoned_batch_mates_fail_no_good_request_and_roll_nothing_back(
     """Eight connections sending rows the model rejects beside a good client: they share
     batches with its requests, bisection and requests run alone settle every batch, and no
     good request fails."""
-    poisoners = [Poisoner(up, rate=3) for _ in range(8)]  # 24/s of 64/s: under half
+    # 24/s of 64/s: under half, from once the good client's load is on
+    poisoners = [Poisoner(up, rate=3, after_admitted=20) for _ in range(8)]
     with StatusPoller(up) as poller:
         for p in poisoners:
             p.__enter__()

@@ -147,6 +147,9 @@ def test_rows_the_model_rejected_are_the_clients_unless_they_are_most_of_what_it
     assert "rejected the rows of 495 of the 500 requests it ran" in decisions[-1].reason
     too_few = Script().step(admitted=2, excluded={"input_rejected": 20})
     assert too_few.slo_status == "Unknown"  # 22 < minSamples: too little to judge
+    lenient = Script(replace(SPEC, max_error_rate=1.0)).step(admitted=5,
+                                                            excluded={"input_rejected": 495})
+    assert lenient.state == "ok"  # errors are judged against maxErrorRate, as always
 
 
 def test_a_slow_model_at_a_low_queue_is_rolled_back_after_exactly_breach_windows() -> None:

@@ -447,6 +447,5 @@ async def test_requests_the_budget_left_unisolated_run_alone_and_sound_ones_neve
                 np.testing.assert_array_equal(result[0], x.sum(axis=1))
         calls = model.batches[1:]  # after the blocker's
         assert len(calls[0]) == 8 and len(calls) <= 1 + 7 + 8
-        alone = [b for b in calls if len(b) == 1]
-        assert alone, "the budget should have run out and sent requests back"
+        assert len(calls) > 1 + 7, "the budget should have run out and sent requests back"
         assert batcher.queue_depth == 0 and not batcher.in_flight
