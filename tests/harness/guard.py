@@ -73,3 +73,39 @@ def rollbacks(up: Up, name: str) -> dict[str, float]:
     text = httpx.get(f"{up.base}/metrics").text
     return {m.group(1): float(m.group(2)) for m in re.finditer(
         r'tailguard_rollbacks_total\{model="%s",reason="(\w+)"\} ([0-9.e+]+)' % name, text)}
+
+
+class Attacker:
+    """A client in a thread of its own: one request every ``1 / rate`` seconds (at most 2,000)
+    until stopped, answers counted by status in :attr:`codes`. Subclasses say what to send
+    (:meth:`send`) and may first wait for something (:meth:`ready`)."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval_s = 1.0 / rate
+        self.codes: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Attacker":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def ready(self, client: httpx.Client, stopped: threading.Event) -> None:
+        """Wait, if need be, before the first request (default: start at once)."""
+
+    def send(self, client: httpx.Client, n: int) -> httpx.Response:
+        """Send request number ``n`` (from 1)."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            self.ready(client, self._stop)
+            n = 0
+            while not self._stop.wait(self.interval_s) and n < 2000:
+                n += 1
+                reply = self.send(client, n)
+                self.codes[reply.status_code] = self.codes.get(reply.status_code, 0) + 1

@@ -12,14 +12,13 @@ the primary's p99 stayed far under the SLO.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
 
-from harness.guard import StatusPoller, load, rollbacks, stamp
+from harness.guard import Attacker, StatusPoller, load, rollbacks, stamp
 from harness.up import Up, start_up
 
 SPEC = """\
@@ -59,44 +58,27 @@ def broken(tmp_path: Path) -> Iterator[Up]:
         assert server.stop() == 0
 
 
-class TinyDeadlines:
-    """An attacker thread: requests whose own deadline is shorter than the SLO, in turn by
-    header (``X-Request-Timeout-Ms: 0.001``), by v2 parameter (``timeout``: 1 µs), and by a
-    header short of the SLO but long enough to be answered (100 ms against 150: its fast 200s
-    must not dilute the slow answers either), about ``rate`` a second until stopped; counts
-    the answers it got by status."""
+class TinyDeadlines(Attacker):
+    """Requests whose own deadline is shorter than the SLO, in turn by header
+    (``X-Request-Timeout-Ms: 0.001``), by v2 parameter (``timeout``: 1 µs), and by a header
+    short of the SLO but long enough to be answered (100 ms against 150: its fast 200s must not
+    dilute the slow answers either)."""
 
     def __init__(self, up: Up, name: str, rate: float = 10.0) -> None:
+        super().__init__(rate)
         self.url = f"{up.base}/v2/models/{name}/infer"
-        self.interval_s = 1.0 / rate
-        self.codes: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "TinyDeadlines":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            n = 0
-            while not self._stop.wait(self.interval_s) and n < 2000:
-                n += 1
-                doc: dict[str, object] = {"inputs": [{"name": "input-0", "shape": [1, 4],
-                                                      "datatype": "FP64", "data": ROW}]}
-                headers = {"Content-Type": "application/json"}
-                if n % 3 == 0:
-                    headers["X-Request-Timeout-Ms"] = "0.001"
-                elif n % 3 == 1:
-                    doc["parameters"] = {"timeout": 1}
-                else:
-                    headers["X-Request-Timeout-Ms"] = "100"
-                reply = client.post(self.url, content=json.dumps(doc), headers=headers)
-                self.codes[reply.status_code] = self.codes.get(reply.status_code, 0) + 1
+    def send(self, client: httpx.Client, n: int) -> httpx.Response:
+        doc: dict[str, object] = {"inputs": [{"name": "input-0", "shape": [1, 4],
+                                              "datatype": "FP64", "data": ROW}]}
+        headers = {"Content-Type": "application/json"}
+        if n % 3 == 0:
+            headers["X-Request-Timeout-Ms"] = "0.001"
+        elif n % 3 == 1:
+            doc["parameters"] = {"timeout": 1}
+        else:
+            headers["X-Request-Timeout-Ms"] = "100"
+        return client.post(self.url, content=json.dumps(doc), headers=headers)
 
 
 def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ healthy primary back in 6 s.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -22,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.guard import StatusPoller, load, rollbacks, stamp
+from harness.guard import Attacker, StatusPoller, load, rollbacks, stamp
 from harness.runtime import PROBE_MODULE, PROBE_SOURCE, make_probe, probe_rows
 from harness.up import Up
 from tailguard.up.child import start_up
@@ -73,42 +74,28 @@ def up(tmp_path: Path) -> Iterator[Up]:
         assert server.stop() == 0
 
 
-class Poisoner:
-    """A client sending one-row requests the model rejects, about ``rate`` a second."""
+class Poisoner(Attacker):
+    """One-row requests the model rejects; with ``after_admitted``, only once the good client
+    has had that many requests admitted."""
 
     def __init__(self, up: Up, rate: float, after_admitted: int = 0) -> None:
+        super().__init__(rate)
         self.base = up.base
         self.after_admitted = after_admitted
-        self.url = f"{up.base}/v2/models/probe/infer"
-        self.interval_s = 1.0 / rate
-        self.codes: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "Poisoner":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
         row = probe_rows(1, seed=9)
         row[0, 0] = POISON
-        body = json.dumps({"inputs": [{"name": "input-0", "shape": [1, 4], "datatype": "FP64",
-                                       "data": row.tolist()}]})
-        with httpx.Client(timeout=10) as client:
-            while self.after_admitted and not self._stop.wait(0.05):  # the good client first
-                totals = client.get(f"{self.base}/tailguard/stats").json()["totals"]
-                if totals["primary"]["admitted"] >= self.after_admitted:
-                    break
-            n = 0
-            while not self._stop.wait(self.interval_s) and n < 2000:
-                n += 1
-                reply = client.post(self.url, content=body,
-                                    headers={"Content-Type": "application/json"})
-                self.codes[reply.status_code] = self.codes.get(reply.status_code, 0) + 1
+        self.body = json.dumps({"inputs": [{"name": "input-0", "shape": [1, 4],
+                                            "datatype": "FP64", "data": row.tolist()}]})
+
+    def ready(self, client: httpx.Client, stopped: threading.Event) -> None:
+        while self.after_admitted and not stopped.wait(0.05):  # the good client first
+            totals = client.get(f"{self.base}/tailguard/stats").json()["totals"]
+            if totals["primary"]["admitted"] >= self.after_admitted:
+                return
+
+    def send(self, client: httpx.Client, n: int) -> httpx.Response:
+        return client.post(f"{self.base}/v2/models/probe/infer", content=self.body,
+                           headers={"Content-Type": "application/json"})
 
 
 def _bench(up: Up, tmp_path: Path, duration_s: float) -> list[dict[str, object]]:
@@ -154,14 +141,10 @@ def test_poisoned_batch_mates_fail_no_good_request_and_roll_nothing_back(
     good request fails."""
     # 24/s of 64/s: under half, from once the good client's load is on
     poisoners = [Poisoner(up, rate=3, after_admitted=20) for _ in range(8)]
-    with StatusPoller(up) as poller:
-        for p in poisoners:
-            p.__enter__()
-        try:
-            answers = _bench(up, tmp_path, duration_s=10)
-        finally:
-            for p in poisoners:
-                p.__exit__(None, None, None)
+    with StatusPoller(up) as poller, contextlib.ExitStack() as stack:
+        for poisoner in poisoners:
+            stack.enter_context(poisoner)
+        answers = _bench(up, tmp_path, duration_s=10)
     assert answers and {a["status"] for a in answers} == {200}
     assert all(set(p.codes) == {422} for p in poisoners), [p.codes for p in poisoners]
     windows = poller.ordered()
