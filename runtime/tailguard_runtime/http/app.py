@@ -341,14 +341,15 @@ class InferenceApp:
         if served is None:
             return
         served.metrics.count(exc.status_code, exc.reason)
-        # admitted = the request reached the queue; its latency counts toward the SLO
-        if admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
+        # admitted and failed: the request reached the queue; its latency counts toward the SLO
+        failed = admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed))
+        if failed:
             served.metrics.request_duration(now - arrival)
         if isinstance(exc, ModelFailed) and exc.status_code == 422:
             served.stats.excluded(now, "input_rejected")
         elif exc.reason in DEADLINE_REASONS and self._short(timeout_s):
             served.stats.excluded(now, "short_deadline")
-        elif admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed)):
+        elif failed:
             served.stats.admitted(now, now - arrival, False, exc.reason)
         else:
             served.stats.refused(now, exc.reason)
