@@ -165,6 +165,19 @@ def read_file(path: str | os.PathLike[str]) -> SpecFile:
     return SpecFile(text, written, parse(written))
 
 
+def yaml_problem(source: str, exc: Exception) -> str:
+    """One line for a YAML parse error (PyYAML's or ruamel's): ``SOURCE:LINE:COLUMN: not valid
+    YAML: problem (context)``, lines and columns counted from 1, as editors and compilers show
+    them; without a position, ``SOURCE: not valid YAML: ...`` with the error on one line."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem is None or mark is None:
+        return f"{source}: not valid YAML: {' '.join(str(exc).split())}"
+    context = getattr(exc, "context", None)
+    return (f"{source}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}"
+            + (f" ({context})" if context else ""))
+
+
 def find_object(text: str, source: str = "<input>") -> dict[str, Any]:
     """The one InferenceService object in a YAML text, as written (nothing defaulted).
 
@@ -174,7 +187,7 @@ def find_object(text: str, source: str = "<input>") -> dict[str, Any]:
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise SpecError([f"{source}: not valid YAML: {exc}"]) from None
+        raise SpecError([yaml_problem(source, exc)]) from None
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(found) != 1:
         raise SpecError([f"{source}: expected exactly one {KIND}, found {len(found)}"])

@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
 
-from tailguard.spec.resource import KIND
+from tailguard.spec.resource import KIND, yaml_problem
 from tailguard.spec.schema import SpecError
 
 _SCALAR = re.compile(r"[^\s,}\]#]+")
@@ -43,7 +43,7 @@ def set_batching(text: str, values: Mapping[str, int], source: str = "<input>") 
     try:
         docs = list(yaml.load_all(text))
     except YAMLError as exc:
-        raise SpecError([f"{source}: not valid YAML: {exc}"]) from None
+        raise SpecError([yaml_problem(source, exc)]) from None
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(found) != 1:
         raise SpecError([f"{source}: expected exactly one {KIND}, found {len(found)}"])

@@ -104,3 +104,18 @@ def test_crd_defaults_equal_the_dataclass_defaults() -> None:
     assert ModelSettings.version == _crd_default("model.version") == _crd_default("fallback.version")
     assert RuntimeSettings.stats_window_seconds == _crd_default("slo.windowSeconds")
     assert resource.SLO.max_error_rate == _crd_default("slo.maxErrorRate")
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column() -> None:
+    import pytest
+
+    from tailguard.spec.yamledit import set_batching
+
+    text = "apiVersion: tailguard.dev/v1alpha1\nkind: InferenceService\nspec: {model: {uri: x}\n"
+    for parse in (lambda: resource.find_object(text, "svc.yaml"),
+                  lambda: set_batching(text, {"maxBatchSize": 8}, "svc.yaml")):
+        with pytest.raises(schema.SpecError) as info:
+            parse()
+        (line,) = info.value.errors
+        assert "\n" not in line and "<unicode string>" not in line, line
+        assert line.startswith("svc.yaml:4:1: not valid YAML: "), line
