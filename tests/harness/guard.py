@@ -3,6 +3,7 @@ open-loop load from `tailguard bench`, and its rollback counter."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -10,11 +11,24 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
-from harness.up import ROOT, TAILGUARD, Up
+from harness.up import ROOT, TAILGUARD, Up, start_up
+
+
+@contextlib.contextmanager
+def serving(folder: Path, name: str, spec_text: str) -> Iterator[Up]:
+    """`tailguard up` of the InferenceService ``spec_text`` (written to ``folder/NAME.yaml``),
+    stopped with Ctrl-C afterwards, which must drain cleanly (exit 0)."""
+    spec = folder / f"{name}.yaml"
+    spec.write_text(spec_text)
+    server = start_up(spec)
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
 
 
 def stamp(text: str) -> float:

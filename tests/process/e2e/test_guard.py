@@ -16,8 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from harness.guard import StatusPoller, load, rollbacks, stamp
-from harness.up import ROOT, TAILGUARD, Up, start_up
+from harness.guard import StatusPoller, load, rollbacks, serving, stamp
+from harness.up import ROOT, TAILGUARD, Up
 
 SLOW_PRIMARY = """\
 apiVersion: tailguard.dev/v1alpha1
@@ -45,24 +45,14 @@ spec:
 
 @pytest.fixture
 def slow(tmp_path: Path) -> Iterator[Up]:
-    spec = tmp_path / "slow.yaml"
-    spec.write_text(SLOW_PRIMARY)
-    server = start_up(spec)
-    try:
+    with serving(tmp_path, "slow", SLOW_PRIMARY) as server:
         yield server
-    finally:
-        assert server.stop() == 0
 
 
 @pytest.fixture
 def busy(tmp_path: Path) -> Iterator[Up]:
-    spec = tmp_path / "busy.yaml"
-    spec.write_text(FAST_PRIMARY)
-    server = start_up(spec)
-    try:
+    with serving(tmp_path, "busy", FAST_PRIMARY) as server:
         yield server
-    finally:
-        assert server.stop() == 0
 
 
 def test_a_primary_too_slow_for_its_slo_is_rolled_back_on_its_own(slow: Up, tmp_path: Path) -> None:

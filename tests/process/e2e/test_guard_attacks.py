@@ -18,8 +18,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from harness.guard import Attacker, StatusPoller, load, rollbacks, stamp
-from harness.up import Up, start_up
+from harness.guard import Attacker, StatusPoller, load, rollbacks, serving, stamp
+from harness.up import Up
 
 SPEC = """\
 apiVersion: tailguard.dev/v1alpha1
@@ -34,28 +34,17 @@ spec:
 ROW = [[5.1, 3.5, 1.4, 0.2]]
 
 
-def _serve(tmp_path: Path, name: str, delay: str) -> Up:
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(SPEC.format(name=name, delay=delay))
-    return start_up(spec)
-
-
 @pytest.fixture
 def healthy(tmp_path: Path) -> Iterator[Up]:
-    server = _serve(tmp_path, "healthy", "")
-    try:
+    with serving(tmp_path, "healthy", SPEC.format(name="healthy", delay="")) as server:
         yield server
-    finally:
-        assert server.stop() == 0
 
 
 @pytest.fixture
 def broken(tmp_path: Path) -> Iterator[Up]:
-    server = _serve(tmp_path, "broken", "&delayMs=300")  # every call beyond the 150 ms SLO
-    try:
+    # every model call beyond the 150 ms SLO
+    with serving(tmp_path, "broken", SPEC.format(name="broken", delay="&delayMs=300")) as server:
         yield server
-    finally:
-        assert server.stop() == 0
 
 
 class TinyDeadlines(Attacker):
