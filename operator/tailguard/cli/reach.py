@@ -39,20 +39,6 @@ def call_local(args: argparse.Namespace, method: str, path: str, body: dict[str,
     return doc
 
 
-def local_stats(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``GET /tailguard/stats`` of the local ``tailguard up`` on ``args.port``, if it serves the
-    InferenceService ``args.name``; ``None`` (after printing one line) when nothing answers or
-    it serves another."""
-    stats = call_local(args, "GET", "/tailguard/stats", None)
-    if stats is None:
-        return None
-    if stats.get("name") != args.name:
-        print(f"tailguard {args.command}: 127.0.0.1:{args.port} serves {stats.get('name')!r}, "
-              f"not {args.name!r}", file=sys.stderr)
-        return None
-    return stats
-
-
 def kube_problem(exc: KubeError, name: str, verb: str) -> str:
     """One line for a :class:`~tailguard.operator.kube.KubeError` (``status``, ``reason``,
     message): no credentials, an unreachable API server (its address and the socket error), a

@@ -14,7 +14,7 @@ import sys
 from typing import Any, Mapping
 
 from tailguard.cli.options import DEFAULT_PORT, add_target
-from tailguard.cli.reach import call_local, kube_problem, local_stats
+from tailguard.cli.reach import call_local, kube_problem
 
 NO_OBSERVED = ("live numbers (p99, queue depth, req/s, errors) are not in the status yet: they "
                "arrive with the SLO guard's cluster part")
@@ -141,8 +141,12 @@ def _status(args: argparse.Namespace) -> int:
     if args.port is None:
         control = find_control_file(args.name, None)
         args.port = DEFAULT_PORT if control is None else control.port
-    stats = local_stats(args)
+    stats = call_local(args, "GET", "/tailguard/stats", None)
     if stats is None:
+        return 1
+    if stats.get("name") != args.name:
+        print(f"tailguard status: 127.0.0.1:{args.port} serves {stats.get('name')!r}, not "
+              f"{args.name!r}", file=sys.stderr)
         return 1
     guarded = call_local(args, "GET", "/tailguard/status", None)  # loopback only
     if guarded is None:

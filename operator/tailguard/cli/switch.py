@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tailguard.cli.options import DEFAULT_PORT, add_target
-from tailguard.cli.reach import call_local, kube_problem, local_stats
+from tailguard.cli.reach import call_local, kube_problem
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +42,13 @@ def _switch(args: argparse.Namespace) -> int:
     args.port = control.port if control is not None else (args.port or DEFAULT_PORT)
     if control is None:
         # say why: nothing listens, another service listens, or no control file of ours
-        if local_stats(args) is not None:
+        stats = call_local(args, "GET", "/tailguard/stats", None)
+        if stats is None:
+            return 1
+        if stats.get("name") != args.name:
+            print(f"tailguard {args.command}: no InferenceService {args.name!r} on 127.0.0.1:"
+                  f"{args.port} (it serves {stats.get('name')!r})", file=sys.stderr)
+        else:
             print(f"tailguard {args.command}: no control file for {args.name!r} on port "
                   f"{args.port} in {state_dir()} (run this as the user who started tailguard "
                   "up, with the same TAILGUARD_STATE_DIR)", file=sys.stderr)
