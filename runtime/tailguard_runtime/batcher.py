@@ -42,12 +42,15 @@ from tailguard_runtime.errors import (
     TailguardError,
 )
 from tailguard_runtime.rows import (
+    REJECTIONS,
     Outputs,
+    ReferenceRow,
     Unisolated,
     concat_outputs,
     gather_rows,
     isolation_budget,
     predict_isolating,
+    rejected_rows,
     split_outputs,
 )
 
@@ -211,6 +214,17 @@ class BatchQueue:
             self.discard(items.popleft())
 
 
+def _failed(exc: BaseException, sound: bool) -> ModelFailed:
+    """The answer for a request the model raised ``exc`` on (see :meth:`Batcher._deliver`)."""
+    said = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, REJECTIONS):
+        return ModelFailed(f"model raised on this request's rows: {said}", 500)
+    if sound:
+        return ModelFailed(f"model raised on this request's rows: {said}", 422)
+    return ModelFailed(f"model raised on this request's rows ({said}) and on a row it answered "
+                       "before: the model, not this input, fails", 500)
+
+
 class Batcher:
     """Queue, admission and the model thread for one model.
 
@@ -252,6 +266,7 @@ class Batcher:
         self._observe_batch = observe_batch or (lambda rows, seconds: None)
         self._observe_queue_wait = observe_queue_wait or (lambda seconds: None)
         self._isolation_budget = isolation_budget(max_batch_size)
+        self._reference = ReferenceRow(run)
         self._lock = threading.Condition(threading.Lock())
         """Guards :attr:`queue` and the queue-depth integral; the model thread waits on it."""
         self._idle = False  # the model thread waits on _lock for work ...
@@ -427,10 +442,16 @@ class Batcher:
                 cuts = list(accumulate(stop - start for _, start, stop in segments[:-1]))
                 started = perf_counter()
                 pieces = predict_isolating(self._run, x, cuts, self._isolation_budget)
+                sound = True
+                if rejected_rows(pieces):  # the client's rows, or a broken model?
+                    sound = self._reference.sound(x.shape[1], perf_counter(), check=not all(
+                        request.alone for request, _, _ in segments))
+                self._reference.answered(x, pieces)
                 seconds = perf_counter() - started
                 self._handed_out.clear()
                 try:
-                    loop.call_soon_threadsafe(self._finish, segments, pieces, taken_at, seconds)
+                    loop.call_soon_threadsafe(self._finish, segments, pieces, taken_at, seconds,
+                                              sound)
                 except RuntimeError:  # the event loop is closed: nobody waits for the answers
                     return
                 if not self._closed:  # close() sets _closed before _handed_out
@@ -453,16 +474,16 @@ class Batcher:
 
     def _finish(self, segments: list[Segment],
                 pieces: list[tuple[int, int, Outputs | BaseException]], taken_at: float,
-                seconds: float) -> None:
-        """Hand out a batch's answers, record it, and let the model thread go on. Should that
-        fail (a bug of ours), the batch's requests still waiting get a 500 at once rather than
-        their deadlines' 504."""
+                seconds: float, sound: bool = True) -> None:
+        """Hand out a batch's answers, record it, and let the model thread go on (``sound``:
+        see :meth:`_deliver`). Should that fail (a bug of ours), the batch's requests still
+        waiting get a 500 at once rather than their deadlines' 504."""
         try:
             self.estimate.record(seconds)
             for request, start, _ in segments:
                 if start == 0 and not request.alone:  # its first rows' wait, once
                     self._observe_queue_wait(taken_at - request.arrival)
-            self._deliver(segments, pieces)
+            self._deliver(segments, pieces, sound)
             self._observe_batch(sum(stop - start for _, start, stop in segments), seconds)
         except Exception as exc:
             logger.exception("handing out a batch's answers failed")
@@ -476,11 +497,14 @@ class Batcher:
             self._handed_out.set()
 
     def _deliver(self, segments: list[Segment],
-                 pieces: list[tuple[int, int, Outputs | BaseException]]) -> None:
+                 pieces: list[tuple[int, int, Outputs | BaseException]], sound: bool = True,
+                 ) -> None:
         """Hand each request its outputs or its own failure. A request the model raised on
         together with others, past the bisection budget, is not failed: it goes back to the head
         of the queue to run alone (:meth:`BatchQueue.send_back`), so a request is told the model
-        raised on it only after the model ran on it."""
+        raised on it only after the model ran on it. A ``ValueError``/``TypeError`` on a
+        request's own rows is a 422 while the model is ``sound`` (it answers its
+        :class:`~tailguard_runtime.rows.ReferenceRow`), else a 500: the model is broken."""
         offset = 0
         unsettled: list[tuple[Request, int]] = []
         for request, start, stop in segments:
@@ -494,9 +518,7 @@ class Batcher:
                 unsettled.append((request, start))
             elif isinstance(result, BaseException):
                 self._discard(request)
-                status = 422 if isinstance(result, (ValueError, TypeError)) else 500
-                future.set_exception(ModelFailed(
-                    f"model raised on this request's rows: {type(result).__name__}: {result}", status))
+                future.set_exception(_failed(result, sound))
             elif rows == request.n_rows:
                 future.set_result(result)
             else:

@@ -1,5 +1,6 @@
-"""Row bookkeeping for batches: stack requests' rows, run the model with fault isolation, and
-split the outputs back by row range. Pure functions over numpy arrays; no asyncio, no clock.
+"""Row bookkeeping for batches: stack requests' rows, run the model with fault isolation, tell
+a model that rejects its input from a model that is broken, and split the outputs back by row
+range. Functions over numpy arrays; no asyncio, no clock (times are passed in).
 
 A *segment* is ``(request, start, stop)``: rows ``[start, stop)`` of ``request.x``, an array of
 shape ``(n_rows, n_features)`` float64.
@@ -48,8 +49,9 @@ def isolation_budget(max_batch_size: int) -> int:
     """Extra model calls one failing batch may spend on bisection: enough to single out one
     failing request among ``max_batch_size`` (two calls per halving, ``ceil(log2 n)`` halvings),
     plus one. 13 for a batch of 64. Past it, the groups still failing get :class:`Unisolated`
-    and the batcher runs each of their requests once more, alone. So a failing batch of ``n``
-    requests costs the model at most ``1 + budget + n`` calls, and a sound request takes part
+    and the batcher runs each of their requests once more, alone. With the one call of
+    :class:`ReferenceRow` that a batch rejecting rows may cost, a failing batch of ``n``
+    requests costs the model at most ``2 + budget + n`` calls, and a sound request takes part
     in its batch's calls and at most one call of its own, whatever its batch-mates hold."""
     return 2 * max(1, math.ceil(math.log2(max(max_batch_size, 2)))) + 1
 
@@ -97,6 +99,66 @@ def predict_isolating(run: Callable[[np.ndarray], Outputs], x: np.ndarray,
 
     bisect(0, len(bounds) - 1, first)
     return pieces
+
+
+REJECTIONS = (ValueError, TypeError)
+"""What a model raises on input it cannot take (scikit-learn's convention): the request's own
+rows failed, a 422, unless :class:`ReferenceRow` finds the model broken."""
+
+
+def rejected_rows(pieces: Sequence[tuple[int, int, Outputs | BaseException]]) -> bool:
+    """Whether the model rejected rows in these pieces (:data:`REJECTIONS`, isolated or not)."""
+    for _, _, out in pieces:
+        cause = out.cause if isinstance(out, Unisolated) else out
+        if isinstance(cause, REJECTIONS):
+            return True
+    return False
+
+
+class ReferenceRow:
+    """Tells a model that rejects a client's rows from a model that rejects everything.
+
+    A ``ValueError`` on a request's rows is the client's failure (422, never held against the
+    model by the SLO guard) only while the model still answers a row it is known to take: the
+    first row of the last batch it answered, or, before it answered any, a row of zeros. When
+    the model raises on that row too, it is broken, and the rows it rejected are the model's
+    failure (500, judged). So a client cannot make a sound model look broken by sending only
+    rows it rejects, on a quiet service or a busy one, and a model that raises on every row is
+    still rolled back.
+
+    The check costs one model call of one row, at most once per batch that rejected rows and
+    never within ``min_interval_s`` (seconds) of the last: a model loaded in a process does not
+    change between two batches. Used by the batcher's one model thread only (not thread-safe).
+    """
+
+    def __init__(self, run: Callable[[np.ndarray], Outputs], min_interval_s: float = 0.25) -> None:
+        self._run = run
+        self._row: np.ndarray | None = None
+        self._checked_at = -math.inf
+        self._sound = True
+        self.min_interval_s = min_interval_s
+
+    def answered(self, x: np.ndarray,
+                 pieces: Sequence[tuple[int, int, Outputs | BaseException]]) -> None:
+        """Keep the first row of the first piece of ``x`` the model answered, if any."""
+        for start, _, out in pieces:
+            if not isinstance(out, BaseException):
+                self._row = x[start:start + 1].copy()
+                return
+
+    def sound(self, n_features: int, now: float, *, check: bool = True) -> bool:
+        """Whether the model still answers its reference row (``now``: monotonic seconds).
+        ``check=False``, or within ``min_interval_s`` of the last check: the last verdict."""
+        if not check or now - self._checked_at < self.min_interval_s:
+            return self._sound
+        row = self._row if self._row is not None else np.zeros((1, n_features))
+        try:
+            self._run(row)
+            self._sound = True
+        except Exception:
+            self._sound = False
+        self._checked_at = now
+        return self._sound
 
 
 def split_outputs(pieces: Sequence[tuple[int, int, Outputs | BaseException]],

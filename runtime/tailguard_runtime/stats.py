@@ -29,9 +29,9 @@ never its clients:
   the SLO: it asked for less than the SLO promises, so missing it cannot witness a breach, and
   its fast answers must not dilute the slow ones either;
 * ``input_rejected``: the model raised ``ValueError``/``TypeError`` on this request's own rows,
-  run alone or isolated by bisection (a 422): the client's input, not the model, failed.
-  The guard still counts these when they are most of what the model ran (a model that
-  rejects everything is broken; see :mod:`tailguard.guard.policy`)."""
+  run alone or isolated by bisection (a 422): the client's input, not the model, failed. A
+  model that raises on every row is not excused: it also raises on its reference row
+  (:class:`tailguard_runtime.rows.ReferenceRow`), and its rejections are then 500s, judged."""
 
 CAPACITY = 1 << 18
 """Admitted requests remembered (a ring buffer): 262,144, so a 10 s window is exact up to
@@ -87,7 +87,9 @@ class WindowStats:
 
         Keys: ``windowSeconds``, ``samples`` (admitted requests), ``p50Ms``/``p95Ms``/``p99Ms``
         (``None`` with no samples), ``requestsPerSecond`` (admitted), ``errors`` (admitted but
-        failed), ``errorRate``, ``rejected`` (by reason) and ``rejectedTotal``, ``queueDepth``
+        failed), ``errorRate``, ``rejected`` (by reason) and ``rejectedTotal``, ``judged`` (what
+        the SLO guard judges: the samples plus those refused for their deadline), ``excluded``
+        (answered but left out of judgement, by reason), ``queueDepth``
         (rows, now), and ``latencyHistogram`` with ``bucketsSeconds`` (upper bounds) and
         ``counts`` (cumulative, the last being ``+Inf``).
         """
@@ -120,6 +122,7 @@ class WindowStats:
             "errorRate": round(errors / n, 6) if n else 0.0,
             "rejected": rejected,
             "rejectedTotal": sum(rejected.values()),
+            "judged": n + rejected.get("deadline", 0),
             "excluded": excluded,
             "queueDepth": queue_depth,
             "latencyHistogram": {"bucketsSeconds": list(LATENCY_BUCKETS_S), "counts": cumulative},

@@ -70,11 +70,13 @@ GATES = os.path.dirname(os.path.abspath(__file__))
 class ProbeClassifier(ClassifierMixin, BaseEstimator):
     """label = |round(sum(row))| mod n_classes; ``delay_s`` seconds per ``predict`` call.
     With ``calls_log`` (a file path), each ``predict`` call (one model call) appends a line
-    holding its number of rows, so a test can count the model calls a batch cost."""
+    holding its number of rows, so a test can count the model calls a batch cost. With
+    ``reject_all``, a broken model: ``ValueError`` on every row."""
 
-    def __init__(self, delay_s=0.0, calls_log=None):
+    def __init__(self, delay_s=0.0, calls_log=None, reject_all=False):
         self.delay_s = delay_s
         self.calls_log = calls_log
+        self.reject_all = reject_all
 
     def fit(self, X, y):
         X = np.asarray(X, dtype=np.float64)
@@ -86,6 +88,8 @@ class ProbeClassifier(ClassifierMixin, BaseEstimator):
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
             raise ValueError(f"expected {self.n_features_in_} features, got shape {X.shape}")
+        if self.reject_all:
+            raise ValueError("this model rejects every row")
         if (X[:, 0] == POISON).any():
             raise ValueError("poisoned row: x[0] == -999")
         if (X[:, 0] == CRASH).any():
@@ -350,13 +354,15 @@ def labels(model: str, role: str = "primary", version: str = "1", **more: str) -
 
 
 def make_probe(probe_module: tuple[ModuleType, Path], folder: Path, name: str,
-               delay_s: float = 0.0, calls_log: Path | None = None) -> tuple[Any, Path]:
+               delay_s: float = 0.0, calls_log: Path | None = None,
+               reject_all: bool = False) -> tuple[Any, Path]:
     """Fit a :class:`ProbeClassifier` (4 features, classes 0..2) and save it under ``folder``
-    (``calls_log``: the file its model calls are logged to, one line each; None: not logged)."""
+    (``calls_log``: the file its model calls are logged to, one line each; None: not logged;
+    ``reject_all``: a broken model that raises ``ValueError`` on every row)."""
     module, _ = probe_module
     folder.mkdir(parents=True, exist_ok=True)
     log = None if calls_log is None else str(calls_log)
-    model = module.ProbeClassifier(delay_s=delay_s, calls_log=log).fit(
+    model = module.ProbeClassifier(delay_s=delay_s, calls_log=log, reject_all=reject_all).fit(
         np.zeros((3, PROBE_FEATURES)), np.array([0, 1, 2]))
     path = folder / f"{name}.joblib"
     joblib.dump(model, path)

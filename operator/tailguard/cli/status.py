@@ -50,12 +50,11 @@ def live_lines(stats: Mapping[str, Any]) -> list[str]:
         lines.append("    " + _latency(snap, slo))
         rejected = snap["rejected"]
         reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(rejected.items()))
-        excluded = snap.get("excluded") or {}
-        left_out = ", ".join(f"{reason}={n}" for reason, n in sorted(excluded.items()))
         lines.append(f"    queue={snap['queueDepth']} rows  req/s={snap['requestsPerSecond']:g}  "
                      f"errors={snap['errors']}  rejected={snap['rejectedTotal']}"
                      + (f" ({reasons})" if reasons else "")
-                     + (f"  excluded={sum(excluded.values())} ({left_out})" if excluded else "")
+                     + (f"  judged={snap['judged']}" if "judged" in snap else "")
+                     + _left_out(snap.get("excluded") or {})
                      + f"  (last {snap['windowSeconds']:g}s)")
     return lines
 
@@ -102,10 +101,20 @@ def cluster_lines(obj: Mapping[str, Any]) -> list[str]:
                      f"queue={observed.get('queueDepth', '-')}  "
                      f"req/s={observed.get('requestsPerSecond', '-')}  "
                      f"errorRate={observed.get('errorRate', '-')}  "
-                     f"samples={observed.get('samples', '-')}")
+                     f"samples={observed.get('samples', '-')}"
+                     + (f"  judged={observed['judged']}" if "judged" in observed else "")
+                     + _left_out(observed.get("excluded") or {}))
     else:
         lines.append(f"  {NO_OBSERVED}")
     return lines
+
+
+def _left_out(excluded: dict[str, int]) -> str:
+    """``  excluded=N (reason=n, ...)`` when a window left requests out of judgement."""
+    if not excluded:
+        return ""
+    reasons = ", ".join(f"{reason}={n}" for reason, n in sorted(excluded.items()))
+    return f"  excluded={sum(excluded.values())} ({reasons})"
 
 
 def add_parser(sub: Any) -> None:

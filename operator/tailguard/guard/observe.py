@@ -120,13 +120,7 @@ class Observation:
     excluded: Mapping[str, int] = field(default_factory=dict)
     """Answered requests left out of judgement, by reason: ``short_deadline`` (the client's
     own deadline was shorter than the SLO) and ``input_rejected`` (the model raised on the
-    client's own rows; :mod:`tailguard.guard.policy` counts these when they are most of what
-    the model ran)."""
-
-    @property
-    def input_rejected(self) -> int:
-        """Requests whose own rows the model rejected (422), left out unless most were."""
-        return self.excluded.get("input_rejected", 0)
+    client's own rows while it still answered its reference row)."""
 
     @property
     def judged(self) -> int:

@@ -14,11 +14,12 @@ The rules (README, "The SLO guard"):
   504 or a deadline refusal of a request whose own deadline was shorter than the SLO (it asked
   for less than the SLO promises, so missing it cannot witness a breach), and a 422 for rows the
   model rejected (the client's input failed, not the model; the model ran on those rows alone or
-  isolated them by bisection). The second comes back when it is most of what the model ran:
-  a model that rejects more than :data:`INPUT_REJECTED_SHARE` of its requests is broken, and
-  those 422s count as errors. Refusals (429 ``queue_full``, 413) are never evidence of overload:
-  a client can ask for a request that cannot fit whenever anything is queued; overload is judged
-  from the work that was admitted (its queue depth and its wait, below).
+  isolated them by bisection). A model that rejects everything is still judged: the runtime
+  answers a 422 only while the model still answers a row it is known to take
+  (:class:`tailguard_runtime.rows.ReferenceRow`); once it raises on that row too, its
+  rejections are 500s, counted as errors. Refusals (429 ``queue_full``, 413) are never evidence
+  of overload: a client can ask for a request that cannot fit whenever anything is queued;
+  overload is judged from the work that was admitted (its queue depth and its wait, below).
 * A window is judged on its admitted requests plus those refused for their deadline. Fewer
   than ``minSamples`` of them: ``Unknown`` (``InsufficientData``), never a breach.
 * A window is breached when more than 1% of the judged requests missed the SLO (slower than
@@ -66,11 +67,6 @@ QUEUEING_RATIO = 4.0
 """A latency or deadline breach is queueing (overload), not a slow model, when the share of
 model calls longer than half the SLO is at most the share of judged requests that missed the
 SLO divided by this."""
-INPUT_REJECTED_SHARE = 0.5
-"""When the model rejected (422) the rows of more than this share of the requests it ran
-(admitted plus rejected), the model is what fails, not its clients: those requests count as
-judged requests and as errors. Below it they are the clients' own failures; a client must send
-most of the traffic to make a sound model look broken this way."""
 STALE_WINDOWS = 2.0
 """A latest window that ended more than this many window lengths before ``now`` is too old to
 judge: the guard reports ``idle``/Unknown (no fresh data) instead of acting on it."""
@@ -264,9 +260,6 @@ def _judge(spec: GuardSpec, obs: Observation | None) -> _Verdict:
         return _Verdict("unknown", "no window to judge yet")
     slo = f"{spec.p99_latency_ms:g}ms"
     p99 = "-" if obs.p99_ms is None else f"{obs.p99_ms:g}ms"
-    rejected = obs.input_rejected
-    if rejected > INPUT_REJECTED_SHARE * (obs.admitted + rejected):
-        return _judge_rejecting(spec, obs, rejected)
     if obs.judged < spec.min_samples:
         return _Verdict("unknown", f"{obs.judged} requests in the last {obs.window_s:g}s, fewer "
                         f"than minSamples={spec.min_samples}: too little traffic to judge")
@@ -293,24 +286,6 @@ def _judge(spec: GuardSpec, obs: Observation | None) -> _Verdict:
     if breach is None:
         return _Verdict("met", what)
     return _Verdict("breach", what, breach, True)
-
-
-def _judge_rejecting(spec: GuardSpec, obs: Observation, rejected: int) -> _Verdict:
-    """A window in which the model rejected the rows of most requests it ran: its 422s count
-    as errors (:data:`INPUT_REJECTED_SHARE`)."""
-    ran = obs.admitted + rejected
-    if obs.judged + rejected < spec.min_samples:
-        return _Verdict("unknown", f"{obs.judged + rejected} requests in the last "
-                        f"{obs.window_s:g}s, fewer than minSamples={spec.min_samples}: too "
-                        "little traffic to judge")
-    rate = (obs.errors + rejected) / ran
-    what = (f"the model rejected the rows of {rejected} of the {ran} requests it ran "
-            f"({rejected / ran:.0%}): most of its input, so the model, not its clients, fails")
-    if rate <= spec.max_error_rate:
-        return _Verdict("met", f"{what}; error rate {rate:.1%} <= maxErrorRate "
-                        f"{spec.max_error_rate:g}")
-    return _Verdict("breach", f"{what}; error rate {rate:.1%} > maxErrorRate "
-                    f"{spec.max_error_rate:g}", "errors", True)
 
 
 def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | None:

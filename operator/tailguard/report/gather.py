@@ -29,7 +29,6 @@ import numpy as np
 
 from tailguard.bench.plan import outcome, sweep_verdict
 from tailguard.guard.policy import (
-    INPUT_REJECTED_SHARE,
     QUEUEING_RATIO,
     SLOW_FRACTION,
     GuardSpec,
@@ -189,7 +188,7 @@ def _rollback(isvc: InferenceService, tables: dict[str, list[dict[str, Any]]],
                       "recoverWindows": spec.recover_windows, "minSamples": spec.min_samples,
                       "maxErrorRate": spec.max_error_rate,
                       "targetQueueDepth": spec.target_queue_depth,
-                      "slowFraction": SLOW_FRACTION, "inputRejectedShare": INPUT_REJECTED_SHARE,
+                      "slowFraction": SLOW_FRACTION,
                       "queueingRatio": QUEUEING_RATIO},
         "guardNow": guard_now,
     }

@@ -63,8 +63,8 @@ def _has(mapping: dict[str, Any], dotted: str) -> bool:
 
 def status_line(runtime: Runtime, now: float, guard: LocalGuard | None = None) -> str:
     """One line: active model, p99 against the SLO and p50 (ms, exact over the sliding window),
-    queue depth (rows), admitted req/s, refusals, requests left out of judgement (a client's own
-    short deadline or rejected rows), and the SLO guard's state."""
+    queue depth (rows), admitted req/s, refusals, the requests the SLO guard judges and those
+    it leaves out (a client's own short deadline or rejected rows), and the guard's state."""
     served = runtime.active
     snap = served.stats.snapshot(now, served.batcher.queue_depth)
     p99 = "-" if snap["p99Ms"] is None else f"{snap['p99Ms']:.1f}ms"
@@ -74,7 +74,7 @@ def status_line(runtime: Runtime, now: float, guard: LocalGuard | None = None) -
     state = "" if guard is None else f" guard={guard.label()}"
     return (f"{runtime.name}: active={runtime.active_role} p99={p99}{target} p50={p50} "
             f"queue={snap['queueDepth']} req/s={snap['requestsPerSecond']:.0f} "
-            f"errors={snap['errors']} rejected={snap['rejectedTotal']}"
+            f"errors={snap['errors']} rejected={snap['rejectedTotal']} judged={snap['judged']}"
             f"{_excluded(snap.get('excluded') or {})}{state} "
             f"(last {snap['windowSeconds']:.0f}s)")
 

@@ -73,6 +73,7 @@ class TinyDeadlines(Attacker):
 def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path: Path) -> None:
     with StatusPoller(healthy) as poller, TinyDeadlines(healthy, "healthy") as attacker:
         answers = load(healthy, "healthy", tmp_path, rate=40, duration_s=10)
+        live = httpx.get(f"{healthy.base}/tailguard/stats").json()["models"]["primary"]
     windows = poller.ordered()
     assert {a["status"] for a in answers} == {200}
     # the attack ran: its requests expired (504), were refused for their deadline (429), or
@@ -87,6 +88,8 @@ def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path:
     # and the guard says what it left out, window by window
     excluded = sum(w["observed"].get("excluded", {}).get("short_deadline", 0) for w in windows)
     assert excluded >= 0.8 * sum(attacker.codes.values()), (excluded, attacker.codes)
+    # as does the stats route's sliding window
+    assert live["excluded"].get("short_deadline", 0) > 0 and live["judged"] >= live["samples"] > 0, live
 
 
 def test_tiny_deadlines_never_stop_a_broken_primary_from_being_rolled_back(

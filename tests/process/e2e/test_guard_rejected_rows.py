@@ -1,10 +1,12 @@
-"""Rows the model rejects are the client's failure, never the model's, until they are most of
-what the model runs: on a real `tailguard up` serving a file:// model that raises ``ValueError``
-on a poisoned row, a client sending 5% poisoned requests beside a good client cannot roll a
-healthy primary back, and a model that rejects every request it gets is rolled back on errors.
+"""Rows the model rejects are the client's failure, never the model's, while the model still
+answers a row it answered before: on a real `tailguard up` serving a file:// model that raises
+``ValueError`` on a poisoned row, a client sending 5% poisoned requests beside a good client, or
+only poisoned requests on a quiet service, cannot roll a healthy primary back; a model that
+raises on every row it gets is rolled back on errors.
 
 Found by trying: 5% of requests with an input the model rejects (422 ``model_error``) rolled a
-healthy primary back in 6 s.
+healthy primary back in 6 s; later, one client sending only such requests to a quiet service
+did the same.
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ spec:
 """
 
 
-@pytest.fixture
-def up(tmp_path: Path) -> Iterator[Up]:
-    """`tailguard up` serving the probe model (its module on the child's ``PYTHONPATH``)."""
+def _serve(tmp_path: Path, *, reject_all: bool = False) -> Iterator[Up]:
+    """`tailguard up` serving the probe model (its module on the child's ``PYTHONPATH``);
+    ``reject_all``: a broken probe that raises ``ValueError`` on every row."""
     folder = tmp_path / "probe"
     folder.mkdir()
     source = folder / f"{MODULE}.py"
@@ -60,7 +62,7 @@ def up(tmp_path: Path) -> Iterator[Up]:
     sys.modules[MODULE] = module  # so that joblib pickles the class by this name
     try:
         spec.loader.exec_module(module)
-        _, path = make_probe((module, source), folder, "probe")
+        _, path = make_probe((module, source), folder, "probe", reject_all=reject_all)
     finally:
         del sys.modules[MODULE]
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -72,6 +74,18 @@ def up(tmp_path: Path) -> Iterator[Up]:
         yield server
     finally:
         assert server.stop() == 0
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    """A healthy probe: it rejects only poisoned rows."""
+    yield from _serve(tmp_path)
+
+
+@pytest.fixture
+def rejecting(tmp_path: Path) -> Iterator[Up]:
+    """A broken probe: it rejects every row."""
+    yield from _serve(tmp_path, reject_all=True)
 
 
 class Poisoner(Attacker):
@@ -119,17 +133,39 @@ def test_a_client_whose_rows_the_model_rejects_never_rolls_a_healthy_primary_bac
     assert rejected >= 10, [w["observed"] for w in windows]
 
 
-def test_a_model_that_rejects_every_request_is_rolled_back(up: Up, tmp_path: Path) -> None:
-    with StatusPoller(up) as poller, Poisoner(up, rate=25):
+def test_only_rejected_rows_on_a_quiet_service_never_roll_a_healthy_primary_back(
+        up: Up) -> None:
+    """One client alone, sending only rows the model rejects, 25 a second (past minSamples
+    in every 1 s window): each gets its 422 and is left out; the guard sees too little to
+    judge, never a breach."""
+    with StatusPoller(up) as poller, Poisoner(up, rate=25) as poisoner:
+        deadline = time.monotonic() + 30
+        while len(poller.ordered()) < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    windows = poller.ordered()
+    assert len(windows) >= 10, windows
+    assert set(poisoner.codes) == {422} and poisoner.codes[422] >= 100, poisoner.codes
+    assert all(w["activeModel"] == "primary" for w in windows)
+    assert all(w["guard"]["state"] == "idle" for w in windows), [w["guard"] for w in windows]
+    assert set(rollbacks(up, "probe").values()) == {0.0}
+    rejected = sum(w["observed"].get("excluded", {}).get("input_rejected", 0) for w in windows)
+    assert rejected >= 100, [w["observed"] for w in windows]
+
+
+def test_a_model_that_rejects_every_row_is_rolled_back(rejecting: Up, tmp_path: Path) -> None:
+    """Its rejections are 500s (it raises on its reference row too), judged as errors."""
+    with StatusPoller(rejecting) as poller:
+        answers = _bench(rejecting, tmp_path, duration_s=6)
         deadline = time.monotonic() + 15  # 2 windows of 1 s, and room for a busy machine
         while poller.last.get("activeModel") != "fallback" and time.monotonic() < deadline:
             time.sleep(0.1)
     status = poller.last
     assert status["activeModel"] == "fallback" and status["guard"]["state"] == "rolledBack"
-    assert rollbacks(up, "probe")["errors"] == 1.0
+    assert rollbacks(rejecting, "probe")["errors"] == 1.0
+    assert 500 in {a["status"] for a in answers}, {a["status"] for a in answers}
     windows = poller.ordered()
     first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
-                        and w["observed"].get("excluded", {}).get("input_rejected", 0) >= 10)
+                        and w["observed"]["errorRate"] > 0.5)
     assert stamp(status["guard"]["rolledBackAt"]) - stamp(
         first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
 

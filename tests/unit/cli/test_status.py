@@ -41,6 +41,14 @@ def test_cluster_status_with_observed_numbers_shows_them_against_the_slo() -> No
                          "samples=2400")
 
 
+def test_cluster_status_shows_what_the_window_judged_and_left_out() -> None:
+    lines = cluster_lines(isvc({"activeModel": "primary", "observed": {
+        "p99Ms": 12.4, "queueDepth": 0.3, "requestsPerSecond": 240, "errorRate": 0,
+        "samples": 2400, "judged": 2410, "excluded": {"short_deadline": 30}}}))
+    assert lines[-1] == ("  observed: p99=12.4ms (SLO 50ms)  queue=0.3  req/s=240  errorRate=0  "
+                         "samples=2400  judged=2410  excluded=30 (short_deadline=30)")
+
+
 def test_an_object_the_operator_never_touched_has_no_status_line() -> None:
     assert cluster_lines(isvc(None)) == [
         "ml/digits: traffic intent fallback; no status yet (is the tailguard operator running?)"]
@@ -66,9 +74,9 @@ def test_live_lines_without_traffic_show_no_latency() -> None:
 def test_live_lines_show_what_the_window_left_out_of_judgement() -> None:
     snap = {"windowSeconds": 10.0, "samples": 40, "p50Ms": 3.0, "p95Ms": 4.0, "p99Ms": 5.0,
             "requestsPerSecond": 4.0, "errors": 0, "errorRate": 0.0, "rejected": {},
-            "rejectedTotal": 0, "excluded": {"short_deadline": 7, "input_rejected": 2},
-            "queueDepth": 0}
+            "rejectedTotal": 0, "judged": 40,
+            "excluded": {"short_deadline": 7, "input_rejected": 2}, "queueDepth": 0}
     lines = live_lines({"name": "iris", "activeModel": "primary", "ready": True,
                         "sloP99Ms": 25.0, "models": {"primary": snap}})
-    assert lines[-1] == ("    queue=0 rows  req/s=4  errors=0  rejected=0  excluded=9 "
+    assert lines[-1] == ("    queue=0 rows  req/s=4  errors=0  rejected=0  judged=40  excluded=9 "
                          "(input_rejected=2, short_deadline=7)  (last 10s)")

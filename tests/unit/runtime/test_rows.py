@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tailguard_runtime.rows import Unisolated, isolation_budget, predict_isolating
+from tailguard_runtime.rows import (
+    ReferenceRow,
+    Unisolated,
+    isolation_budget,
+    predict_isolating,
+    rejected_rows,
+)
 
 
 class CountingModel:
@@ -59,3 +65,51 @@ def test_a_batch_of_failing_requests_costs_at_most_the_budget() -> None:
     assert all((x[a:b, 0] >= 0).all() for a, b in good)  # nothing sound was reported failing
     assert pieces[0][0] == 0 and pieces[-1][1] == 64
     assert all(p[1] == q[0] for p, q in zip(pieces, pieces[1:]))
+
+
+class _Model:
+    """Rejects (``ValueError``) rows whose first value is negative; ``broken``: every row.
+    Counts its calls."""
+
+    def __init__(self) -> None:
+        self.broken = False
+        self.calls: list[np.ndarray] = []
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        self.calls.append(x.copy())
+        if self.broken or (x[:, 0] < 0).any():
+            raise ValueError("cannot take this row")
+        return (x.sum(axis=1),)
+
+
+def test_a_model_that_rejects_some_rows_is_sound_and_one_that_rejects_all_is_not() -> None:
+    model = _Model()
+    reference = ReferenceRow(model, min_interval_s=0.25)
+    assert reference.sound(3, now=10.0)  # nothing answered yet: a row of zeros
+    np.testing.assert_array_equal(model.calls[-1], np.zeros((1, 3)))
+    x = np.array([[-1.0, 0, 0], [5.0, 6, 7], [8.0, 9, 10]])
+    reference.answered(x, predict_isolating(model, x))
+    model.broken = True
+    assert reference.sound(3, now=10.1)  # within the interval: the last verdict, no call
+    calls = len(model.calls)
+    assert not reference.sound(3, now=10.5)
+    assert len(model.calls) == calls + 1
+    np.testing.assert_array_equal(model.calls[-1], [[5.0, 6, 7]])  # the first row it answered
+    assert not reference.sound(3, now=20.0, check=False)  # the last verdict, no call
+    assert len(model.calls) == calls + 1
+    model.broken = False
+    assert reference.sound(3, now=20.0)
+
+
+def test_rejected_rows_are_told_from_other_failures() -> None:
+    model = _Model()
+    x = np.array([[1.0, 0, 0], [-1.0, 0, 0]])
+    assert rejected_rows(predict_isolating(model, x))
+    assert not rejected_rows(predict_isolating(model, x[:1]))
+
+    def crash(_: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise RuntimeError("a bug")
+
+    assert not rejected_rows(predict_isolating(crash, x))
+    unisolated = [(0, 2, Unisolated(ValueError("x"), 2, 0))]
+    assert rejected_rows(unisolated)
