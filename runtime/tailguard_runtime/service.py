@@ -135,7 +135,8 @@ class Runtime:
             predictor = predictors[model.role]
             slo_s = None if settings.slo_p99_ms is None else settings.slo_p99_ms / 1000.0
             role_metrics = metrics.bind(settings.name, model.version, model.role, slo_p99_s=slo_s)
-            stats = WindowStats(settings.stats_window_seconds, slo_s=slo_s)
+            stats = WindowStats(settings.stats_window_seconds, slo_s=slo_s,
+                                max_batch_size=batching.max_batch_size)
             batcher = Batcher(predictor.run, max_batch_size=batching.max_batch_size,
                               max_wait_ms=batching.max_wait_ms,
                               max_queue_size=batching.max_queue_size, name=model.role,
@@ -245,7 +246,7 @@ class Runtime:
 def _observe_batch(role_metrics: metrics.RoleMetrics, stats: WindowStats, rows: int,
                    seconds: float) -> None:
     role_metrics.observe_batch(rows, seconds)
-    stats.totals.call(seconds)
+    stats.totals.call(seconds, rows)
 
 
 def _queue_depth(batcher: Batcher) -> float:

@@ -46,12 +46,14 @@ class WindowStats:
     """
 
     def __init__(self, window_s: float, capacity: int = CAPACITY,
-                 slo_s: float | None = None) -> None:
+                 slo_s: float | None = None, max_batch_size: int = 1) -> None:
         self.window_s = window_s
         self.totals = Totals(latency_bounds_s(slo_s),
-                             slow_call_s=None if slo_s is None else slo_s / 2.0)
+                             slow_call_s=None if slo_s is None else slo_s / 2.0,
+                             small_call_rows=max(1, max_batch_size // 2), slo_s=slo_s)
         """Cumulative counts since start, for the SLO guard (``slo_s``: the SLO in seconds,
-        made a bucket edge; a batch whose model time is longer than half of it is a slow call)."""
+        made a bucket edge; a batch whose model time is longer than half of it is a slow call;
+        one of at most half of ``max_batch_size`` rows is a small call)."""
         self._times = np.full(capacity, -np.inf)
         self._latencies = np.zeros(capacity)
         self._ok = np.zeros(capacity, dtype=bool)
@@ -150,15 +152,24 @@ class Totals:
     Batches are counted with their model time in seconds (calls isolating failing requests
     included), and apart those longer than ``slow_call_s`` (half the SLO: a request that waits
     for one such batch and then runs in the next can miss the SLO with no queue at all; shorter
-    batches miss it only by queueing).
+    batches miss it only by queueing). Small calls, of at most ``small_call_rows`` rows (half of
+    ``maxBatchSize``), are counted apart too, with how many took longer than ``slo_s`` (the SLO
+    in seconds): every request in such a call misses the SLO with no queue ahead of it, and an
+    overloaded model runs full batches, so a model slow on half-full ones is slow whatever its
+    queue.
     """
 
-    def __init__(self, bounds_s: Sequence[float], slow_call_s: float | None = None) -> None:
+    def __init__(self, bounds_s: Sequence[float], slow_call_s: float | None = None,
+                 small_call_rows: int = 0, slo_s: float | None = None) -> None:
         self.bounds_s = tuple(bounds_s)
         self.slow_call_s = slow_call_s
+        self.small_call_rows = small_call_rows
+        self.slo_s = slo_s
         self.calls = 0
         self.slow_calls = 0
         self.call_seconds = 0.0
+        self.small_calls = 0
+        self.small_calls_over_slo = 0
         self._buckets = [0] * (len(self.bounds_s) + 1)  # the last is +Inf
         self.admitted = 0
         self.failed: dict[str, int] = {}
@@ -173,13 +184,17 @@ class Totals:
         if failure is not None:
             self.failed[failure] = self.failed.get(failure, 0) + 1
 
-    def call(self, seconds: float) -> None:
-        """Count one batch whose model time was ``seconds`` (calls isolating failing requests
-        included)."""
+    def call(self, seconds: float, rows: int) -> None:
+        """Count one batch of ``rows`` rows whose model time was ``seconds`` (calls isolating
+        failing requests included)."""
         self.calls += 1
         self.call_seconds += seconds
         if self.slow_call_s is not None and seconds > self.slow_call_s:
             self.slow_calls += 1
+        if rows <= self.small_call_rows:
+            self.small_calls += 1
+            if self.slo_s is not None and seconds > self.slo_s:
+                self.small_calls_over_slo += 1
 
     def refuse(self, reason: str) -> None:
         """Count one request refused before it reached the queue, by reason slug."""
@@ -196,7 +211,8 @@ class Totals:
         ``queueRowSeconds`` (the
         queue depth's integral over time, passed in, in row-seconds), ``calls``,
         ``callSeconds`` and ``slowCalls`` (batches whose model time was longer than
-        ``slowCallSeconds``), and ``latencyHistogram`` with ``boundsSeconds`` and cumulative
+        ``slowCallSeconds``), ``smallCalls`` and ``smallCallsOverSlo`` (batches of at most
+        ``smallCallRows`` rows, and those of them longer than the SLO), and ``latencyHistogram`` with ``boundsSeconds`` and cumulative
         ``counts`` (one per bound, then ``+Inf``).
         """
         counts: list[int] = []
@@ -214,6 +230,9 @@ class Totals:
             "callSeconds": self.call_seconds,
             "slowCalls": self.slow_calls,
             "slowCallSeconds": self.slow_call_s,
+            "smallCalls": self.small_calls,
+            "smallCallsOverSlo": self.small_calls_over_slo,
+            "smallCallRows": self.small_call_rows,
             "latencyHistogram": {"boundsSeconds": list(self.bounds_s), "counts": counts},
         }
 
@@ -237,6 +256,8 @@ class TotalsSnapshot:
     slow_calls: int = 0
     call_seconds: float = 0.0
     excluded: Mapping[str, int] = field(default_factory=dict)
+    small_calls: int = 0
+    small_calls_over_slo: int = 0
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "TotalsSnapshot":
@@ -253,7 +274,8 @@ class TotalsSnapshot:
                          tuple(float(b) for b in hist["boundsSeconds"]),
                          tuple(int(c) for c in hist["counts"]), int(doc.get("calls", 0)),
                          int(doc.get("slowCalls", 0)), float(doc.get("callSeconds", 0.0)),
-                         {str(k): int(v) for k, v in doc.get("excluded", {}).items()})
+                         {str(k): int(v) for k, v in doc.get("excluded", {}).items()},
+                         int(doc.get("smallCalls", 0)), int(doc.get("smallCallsOverSlo", 0)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a totals document: {type(exc).__name__}: {exc}") from None
         if len(totals.counts) != len(totals.bounds_s) + 1:

@@ -44,6 +44,8 @@ class Counts:
     excluded: Mapping[str, int] = field(default_factory=dict)
     """Answered requests left out of judgement, by reason
     (:data:`tailguard_runtime.stats.EXCLUDED_REASONS`)."""
+    small_calls: int = 0
+    small_calls_over_slo: int = 0
 
     def __add__(self, other: "Counts") -> "Counts":
         """The two windows together (several pods over the same interval).
@@ -62,7 +64,9 @@ class Counts:
                       self.queue_row_seconds + other.queue_row_seconds, self.bounds_s,
                       tuple(a + b for a, b in zip(self.buckets, other.buckets)),
                       self.calls + other.calls, self.slow_calls + other.slow_calls,
-                      self.call_seconds + other.call_seconds, _add(self.excluded, other.excluded))
+                      self.call_seconds + other.call_seconds, _add(self.excluded, other.excluded),
+                      self.small_calls + other.small_calls,
+                      self.small_calls_over_slo + other.small_calls_over_slo)
 
 
 def difference(previous: TotalsSnapshot | None, current: TotalsSnapshot) -> Counts:
@@ -75,7 +79,7 @@ def difference(previous: TotalsSnapshot | None, current: TotalsSnapshot) -> Coun
         return Counts(current.admitted, dict(current.failed), dict(current.refused),
                       current.queue_row_seconds, current.bounds_s, _per_bucket(current.counts),
                       current.calls, current.slow_calls, current.call_seconds,
-                      dict(current.excluded))
+                      dict(current.excluded), current.small_calls, current.small_calls_over_slo)
     return Counts(current.admitted - previous.admitted, _sub(current.failed, previous.failed),
                   _sub(current.refused, previous.refused),
                   current.queue_row_seconds - previous.queue_row_seconds, current.bounds_s,
@@ -83,7 +87,9 @@ def difference(previous: TotalsSnapshot | None, current: TotalsSnapshot) -> Coun
                                               _per_bucket(previous.counts))),
                   current.calls - previous.calls, current.slow_calls - previous.slow_calls,
                   current.call_seconds - previous.call_seconds,
-                  _sub(current.excluded, previous.excluded))
+                  _sub(current.excluded, previous.excluded),
+                  current.small_calls - previous.small_calls,
+                  current.small_calls_over_slo - previous.small_calls_over_slo)
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,8 @@ class Observation:
     holding the 99th percentile of admitted latencies (capped at the last finite bound), ``None``
     without admitted requests. ``calls``: batches finished in the window, ``slow_calls`` of them
     with a model time longer than half the SLO; ``model_ms``: their mean model time (ms, calls
-    isolating failing requests included), ``None`` without calls.
+    isolating failing requests included), ``None`` without calls. ``small_calls``: calls of at
+    most half of ``maxBatchSize`` rows, ``small_calls_over_slo`` of them longer than the SLO.
     """
 
     role: str
@@ -117,6 +124,8 @@ class Observation:
     calls: int = 0
     slow_calls: int = 0
     model_ms: float | None = None
+    small_calls: int = 0
+    small_calls_over_slo: int = 0
     excluded: Mapping[str, int] = field(default_factory=dict)
     """Answered requests left out of judgement, by reason: ``short_deadline`` (the client's
     own deadline was shorter than the SLO) and ``input_rejected`` (the model raised on the
@@ -176,6 +185,8 @@ def observe(counts: Counts, *, role: str, end_s: float, window_s: float, slo_ms:
         calls=counts.calls,
         slow_calls=counts.slow_calls,
         model_ms=round(counts.call_seconds / counts.calls * 1000.0, 3) if counts.calls else None,
+        small_calls=counts.small_calls,
+        small_calls_over_slo=counts.small_calls_over_slo,
         excluded={k: v for k, v in counts.excluded.items() if v},
     )
 
@@ -232,7 +243,9 @@ def _reset(previous: TotalsSnapshot, current: TotalsSnapshot) -> bool:
     if previous.bounds_s != current.bounds_s or current.admitted < previous.admitted:
         return True
     if (current.queue_row_seconds < previous.queue_row_seconds or current.calls < previous.calls
-            or current.slow_calls < previous.slow_calls):
+            or current.slow_calls < previous.slow_calls
+            or current.small_calls < previous.small_calls
+            or current.small_calls_over_slo < previous.small_calls_over_slo):
         return True
     if any(c < p for c, p in zip(current.counts, previous.counts)):
         return True

@@ -28,7 +28,8 @@ The rules (README, "The SLO guard"):
   judged requests were refused for their deadline (429 ``deadline``) or timed out (504), the
   breach is named ``deadline``: a model too slow to answer anything, not an idle one.
 * Overload explains a breach: mean queue depth per replica (rows of admitted requests
-  waiting) above ``scaling.targetQueueDepth``, or -- for a latency or deadline breach --
+  waiting) above ``scaling.targetQueueDepth``, unless the model is slow on half-full batches
+  (:data:`SLOW_SMALL_SHARE`), or -- for a latency or deadline breach --
   queueing: the share of the window's model calls that took
   longer than half the SLO is at most a quarter of the share of judged requests that missed
   it. A request that waits for one call and then runs in the next misses the SLO only if a call
@@ -67,6 +68,13 @@ QUEUEING_RATIO = 4.0
 """A latency or deadline breach is queueing (overload), not a slow model, when the share of
 model calls longer than half the SLO is at most the share of judged requests that missed the
 SLO divided by this."""
+SLOW_SMALL_SHARE = 0.5
+"""A queue deeper than ``targetQueueDepth`` does not explain a breach when more than this share
+of the window's small model calls (at most half of ``maxBatchSize`` rows) took longer than the
+SLO itself: every request in such a call misses the SLO with no queue ahead of it, which more
+replicas would not change, and an overloaded model runs full batches, not half-full ones.
+Without this, a client's large admitted requests (up to ``maxQueueSize`` rows, run whenever the
+queue is empty) kept a broken primary's queue deep enough to block its rollback."""
 STALE_WINDOWS = 2.0
 """A latest window that ended more than this many window lengths before ``now`` is too old to
 judge: the guard reports ``idle``/Unknown (no fresh data) instead of acting on it."""
@@ -293,6 +301,8 @@ def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | No
               else "shedding with 429 is the answer on one machine" if spec.max_replicas == 1
               else f"at maxReplicas={spec.max_replicas}; shedding with 429")
     if obs.queue_depth > spec.target_queue_depth:
+        if breach is not None and obs.small_calls_over_slo > SLOW_SMALL_SHARE * obs.small_calls:
+            return None  # over the SLO on half-full batches: a slow model, whatever its queue
         return (f"queue {obs.queue_depth:.1f} rows/replica > targetQueueDepth "
                 f"{spec.target_queue_depth:g}, {answer}")
     if (breach in ("latency", "deadline") and obs.calls

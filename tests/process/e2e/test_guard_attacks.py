@@ -1,6 +1,6 @@
 """The SLO guard of a real `tailguard up` judges the model, never its clients: a client sending
-tiny deadlines cannot roll a healthy primary back, and cannot stop a broken one from being
-rolled back. Load from `tailguard bench` (a separate process) plus an attacker thread, both on
+tiny deadlines, or requests as large as the whole queue, cannot roll a healthy primary back,
+and cannot stop a broken one from being rolled back. Load from `tailguard bench` (a separate process) plus an attacker thread, both on
 127.0.0.1 only, bounded in time.
 
 Found by trying: requests carrying ``X-Request-Timeout-Ms: 0.001`` or v2 ``parameters.timeout:
@@ -104,3 +104,49 @@ def test_tiny_deadlines_never_stop_a_broken_primary_from_being_rolled_back(
                         and w["observed"]["slowFraction"] > 0.01)
     rolled_at = stamp(status["guard"]["rolledBackAt"])
     assert rolled_at - stamp(first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
+
+
+class Oversized(Attacker):
+    """Requests of ``maxQueueSize`` rows (256, the default): refused 429 ``queue_full``
+    whenever anything is queued, admitted (and run) only on an empty queue. Refusals never
+    paint a window as overload; what is admitted is real work."""
+
+    def __init__(self, up: Up, name: str, rate: float = 2.0) -> None:
+        super().__init__(rate)
+        self.url = f"{up.base}/v2/models/{name}/infer"
+        self.body = json.dumps({"inputs": [{"name": "input-0", "shape": [256, 4],
+                                            "datatype": "FP64", "data": ROW * 256}]})
+
+    def send(self, client: httpx.Client, n: int) -> httpx.Response:
+        return client.post(self.url, content=self.body,
+                           headers={"Content-Type": "application/json"})
+
+
+def test_oversized_requests_never_stop_a_broken_primary_from_being_rolled_back(
+        broken: Up, tmp_path: Path) -> None:
+    with StatusPoller(broken) as poller, Oversized(broken, "broken") as attacker:
+        load(broken, "broken", tmp_path, rate=40, duration_s=7)
+    windows = poller.ordered()
+    status = poller.last
+    assert attacker.codes.get(200, 0) >= 2, attacker.codes  # the attack ran: admitted, deep queues
+    assert status["activeModel"] == "fallback" and status["guard"]["state"] == "rolledBack", [
+        (w["observed"], w["guard"]) for w in windows]
+    assert rollbacks(broken, "broken")["latency"] == 1.0
+    first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
+                        and w["observed"]["slowFraction"] > 0.01)
+    assert stamp(status["guard"]["rolledBackAt"]) - stamp(
+        first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
+
+
+def test_oversized_requests_never_roll_back_a_healthy_primary(healthy: Up, tmp_path: Path) -> None:
+    with StatusPoller(healthy) as poller, Oversized(healthy, "healthy") as attacker:
+        answers = load(healthy, "healthy", tmp_path, rate=40, duration_s=10)
+    windows = poller.ordered()
+    # while an admitted oversized request fills the queue, others are refused 429: real load
+    assert {a["status"] for a in answers} <= {200, 429}
+    assert sum(a["status"] == 200 for a in answers) >= 0.8 * len(answers)
+    assert sum(attacker.codes.values()) >= 10, attacker.codes
+    judged = [w for w in windows if w["observed"]["samples"] >= 10]
+    assert len(judged) >= 6, [w["observed"] for w in windows]
+    assert all(w["activeModel"] == "primary" for w in windows)
+    assert set(rollbacks(healthy, "healthy").values()) == {0.0}

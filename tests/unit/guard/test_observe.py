@@ -126,3 +126,19 @@ def test_excluded_requests_are_a_window_of_their_own_and_never_judged() -> None:
     assert shown["excluded"] == {"short_deadline": 3, "input_rejected": 1}
     assert shown["judged"] == 1
     assert stats.snapshot(1.0, 0)["excluded"] == {"short_deadline": 4, "input_rejected": 1}
+
+
+def test_small_calls_are_counted_apart_with_the_slow_ones_among_them() -> None:
+    """Half of ``maxBatchSize`` rows or fewer is a small call; slow is over half the SLO, and
+    small calls over the whole SLO are counted apart."""
+    stats = WindowStats(10.0, capacity=8, slo_s=0.05, max_batch_size=32)
+    for rows, seconds in ((32, 0.060), (16, 0.030), (16, 0.060), (1, 0.001), (17, 0.040)):
+        stats.totals.call(seconds, rows)
+    obs = observe(difference(None, read(stats.totals)), role="primary", end_s=1.0,
+                  window_s=1.0, slo_ms=50)
+    assert (obs.calls, obs.slow_calls, obs.small_calls, obs.small_calls_over_slo) == (5, 4, 3, 1)
+    again = read(stats.totals)
+    stats.totals.call(0.051, 2)
+    later = observe(difference(again, read(stats.totals)), role="primary", end_s=2.0,
+                    window_s=1.0, slo_ms=50)
+    assert (later.small_calls, later.small_calls_over_slo) == (1, 1)

@@ -33,14 +33,15 @@ SPEC = GuardSpec(p99_latency_ms=50, window_seconds=10, breach_windows=3, recover
 def window(role: str, end_s: float, *, admitted: int = 500, slow: int = 0, errors: int = 0,
            timeouts: int = 0, deadline_refused: int = 0, queue_full: int = 0,
            queue_depth: float = 0.5, replicas: int = 1, calls: int = 0, slow_calls: int = 0,
-           model_ms: float | None = None, excluded: dict[str, int] | None = None
-           ) -> Observation:
+           model_ms: float | None = None, excluded: dict[str, int] | None = None,
+           small_calls: int = 0, small_calls_over_slo: int = 0) -> Observation:
     p99 = None if not admitted else (80.0 if slow > admitted * 0.01 else 20.0)
     return Observation(role=role, end_s=end_s, window_s=10.0, admitted=admitted, slow=slow,
                        errors=errors, timeouts=timeouts, deadline_refused=deadline_refused,
                        queue_full=queue_full, refused_total=deadline_refused + queue_full,
                        queue_depth=queue_depth, p99_ms=p99, replicas=replicas, calls=calls,
-                       slow_calls=slow_calls, model_ms=model_ms, excluded=excluded or {})
+                       slow_calls=slow_calls, model_ms=model_ms, excluded=excluded or {},
+                       small_calls=small_calls, small_calls_over_slo=small_calls_over_slo)
 
 
 GOOD: dict[str, Any] = {"admitted": 500, "slow": 2}                 # 0.4% slower than the SLO
@@ -295,3 +296,19 @@ def test_errors_are_never_explained_by_fast_calls() -> None:
     run = Script()
     run.steps(3, admitted=400, errors=40, calls=200, slow_calls=0, model_ms=5.0)
     assert run.actions[-1] is Action.ROLL_BACK
+
+
+def test_a_deep_queue_does_not_excuse_a_model_slow_on_half_full_batches() -> None:
+    """A client's admitted requests of ``maxQueueSize`` rows keep a broken primary's queue
+    deep; its half-full batches are slow too, so the queue explains nothing."""
+    broken = Script().steps(3, admitted=120, slow=120, queue_depth=90.0, calls=10,
+                            slow_calls=10, small_calls=4, small_calls_over_slo=4, model_ms=300.0)
+    assert [d.label for d in broken] == ["breach 1/3", "breach 2/3", "rolled back"]
+    # overloaded but sound: the slow calls are the full ones, the half-full ones are fast
+    loaded = Script().steps(10, admitted=4000, slow=3000, queue_depth=60.0, calls=200,
+                            slow_calls=150, small_calls=10, small_calls_over_slo=1, model_ms=30.0)
+    assert all(d.action is Action.OVERLOAD for d in loaded)
+    # no half-full batches at all: the queue explains the breach
+    full = Script().steps(10, admitted=4000, slow=3000, queue_depth=60.0, calls=200,
+                          slow_calls=200, model_ms=30.0)
+    assert all(d.action is Action.OVERLOAD for d in full)
