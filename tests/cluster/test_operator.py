@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -366,6 +367,58 @@ def test_manual_rollback_moves_traffic_only_once_the_fallback_is_ready(
     deployments = scene.list("deployments")
     assert all(d["metadata"]["generation"] <= 2 for d in deployments)  # only scale changes
     assert len(set(checksums(scene).values())) == 2  # one per role; the switch rolled none
+
+
+def ready_pods(scene: Scene, role: str) -> dict[str, str]:
+    """Name -> config checksum of each Ready pod of ``role``."""
+    def ready(pod: dict[str, Any]) -> bool:
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (pod.get("status") or {}).get("conditions") or [])
+    return {p["metadata"]["name"]: p["metadata"]["annotations"][CHECKSUM]
+            for p in scene.list("pods")
+            if p["metadata"]["labels"][manifests.LABEL_ROLE] == role and ready(p)
+            and not p["metadata"].get("deletionTimestamp")}
+
+
+def test_rolling_forward_to_a_new_model_waits_for_the_new_models_pods(
+        scene: Scene, cordoned: None) -> None:
+    """Traffic on the fallback; a person changes the primary's model and rolls forward while
+    no new pod can start. The old model's pods are Ready, but they serve the old model: traffic
+    stays on the fallback until a pod of the new template is Ready."""
+    with scene.operator():
+        start(scene)
+        rollback_cli(scene, "fallback")
+        scene.wait(lambda: scene.selected_role() == "fallback", what="selector on fallback")
+        scene.settle()
+        old = checksums(scene)["iris-primary"]
+        cordon(scene, True)
+        scene.patch(resource.PLURAL, "iris", {"spec": {
+            "model": {"uri": "builtin://iris/random-forest?trees=50"}, "traffic": "primary"}})
+        scene.first_status(generation=3)
+        new = checksums(scene)["iris-primary"]
+        assert new != old
+        scene.wait(lambda: scene.must_get("deployments", "iris-primary")["status"].get(
+            "updatedReplicas") == 1, what="the new model's pod (Pending)")
+        scene.settle()
+        mark = scene.audit.mark()  # a wait is not an error: nothing is retried, nothing written
+        time.sleep(5)  # ten of the retry delays (0.5 s) the scene gives the operator
+        assert scene.writes(mark) == []
+        assert set(ready_pods(scene, "primary").values()) == {old}  # the old model serves
+        assert scene.selected_role() == "fallback"
+        assert scene.status()["activeModel"] == "fallback"
+        assert active_in_config(scene) == "fallback"
+        assert scene.condition("RolledBack")["reason"] == "WaitingForPrimary"
+        assert not scene.events("RolledForward")
+
+        cordon(scene, False)
+        scene.wait(lambda: scene.selected_role() == "primary", what="selector on primary",
+                   timeout=60)
+        assert new in ready_pods(scene, "primary").values()
+        scene.wait(lambda: scene.condition("RolledBack").get("reason") == "OnPrimary",
+                   what="rolled forward")
+        scene.settle()
+    assert active_in_config(scene) == "primary"
+    assert len(scene.events("RolledForward")) == 1
 
 
 def test_an_operator_restart_in_the_middle_of_a_rollback(scene: Scene, cordoned: None) -> None:

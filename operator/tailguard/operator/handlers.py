@@ -108,39 +108,35 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
     owner = manifests.Owner.from_body(body)
     live = {_key(obj): kube.get(obj["kind"], namespace, obj["metadata"]["name"])
             for obj in manifests.children(isvc, owner, settings, active_role="primary")}
-    deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
-                   for role in manifests.ROLES}
     current = (previous.get("activeModel") or _selected_role(live[("Service", name)])
                or isvc.traffic)
+    if current not in manifests.ROLES:
+        current = isvc.traffic
+    done: dict[str, list[str]] = {"created": [], "patched": [], "conflict": [], "refused": []}
+    # What the pods serve first (the ConfigMap they read, then the pod templates), traffic as
+    # it is; then plan on the Deployments as stored now, so a template this pass changed
+    # counts no Ready replica until its own pods are Ready; then the Service and the rest.
+    for desired in manifests.children(isvc, owner, settings, active_role=current):
+        if desired["kind"] in SERVED_FIRST:
+            _apply(desired, live, owner, done)
+    deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
+                   for role in manifests.ROLES}
     plan = reconcile.plan_traffic(
         intent=isvc.traffic, current=current,
         ready={role: reconcile.ready_replicas(d) for role, d in deployments.items()},
         min_replicas=isvc.scaling.min_replicas, max_replicas=isvc.scaling.max_replicas)
-
-    done: dict[str, list[str]] = {"created": [], "patched": [], "conflict": [], "refused": []}
     for desired in manifests.children(isvc, owner, settings, active_role=plan.active,
                                       min_replicas=plan.min_replicas):
-        key = _key(desired)
-        label = "/".join(key)
-        try:
-            action, stored = _apply_child(desired, live[key], owner)
-        except kube.KubeError as exc:
-            if exc.status not in REFUSALS:  # unreachable, throttled, a server error: retry
-                raise
-            done["refused"].append(f"{label}: {exc}")
-            continue
-        if stored is not None:
-            live[key] = stored
-        if action is not None:
-            done[action].append(label)
+        if desired["kind"] not in SERVED_FIRST or (desired["kind"] == "ConfigMap"
+                                                   and plan.active != current):
+            _apply(desired, live, owner, done)
     created, patched, conflicts, refused = (done["created"], done["patched"], done["conflict"],
                                             done["refused"])
 
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
     status = build_status(previous, isvc, generation=generation, plan=plan,
-                                     deployments=deployments, conflicts=conflicts,
-                                     refused=refused, now=now)
+                          deployments=deployments, conflicts=conflicts, refused=refused, now=now)
     patch = status_patch(previous, status)
     if patch is not None:
         kube.patch_status(namespace, name, patch)
@@ -148,6 +144,34 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
                       conflicts=tuple(conflicts), refused=tuple(refused))
     _announce(body, previous, outcome, now)
     return outcome
+
+
+SERVED_FIRST = ("ConfigMap", "Deployment")
+"""The children that say what the pods serve, applied before traffic is planned."""
+
+
+def _apply(desired: Mapping[str, Any], live: dict[tuple[str, str], Any],
+           owner: manifests.Owner, done: dict[str, list[str]]) -> None:
+    """Apply one child (:func:`_apply_child`), keep what is stored now in ``live``, and note
+    what was done in ``done`` (``created``, ``patched``, ``conflict``, ``refused``; a child
+    already listed is not listed twice).
+
+    Raises:
+        kube.KubeError: the API failed in a way worth retrying (unreachable, throttled, 5xx).
+    """
+    key = _key(desired)
+    label = "/".join(key)
+    try:
+        action, stored = _apply_child(desired, live[key], owner)
+    except kube.KubeError as exc:
+        if exc.status not in REFUSALS:  # unreachable, throttled, a server error: retry
+            raise
+        done["refused"].append(f"{label}: {exc}")
+        return
+    if stored is not None:
+        live[key] = stored
+    if action is not None and label not in done[action]:
+        done[action].append(label)
 
 
 def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
@@ -344,7 +368,11 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.update(resource.GROUP, resource.VERSION, resource.PLURAL)
 def reconcile_handler(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     """Reconcile on create/update/resume. An invalid spec fails permanently (after its status
-    condition is written); a traffic switch waiting for Ready replicas retries after a delay."""
+    condition is written); a child the API server refused is retried after a delay. A traffic
+    switch waiting for Ready replicas is not an error: the pass reported it (the ``RolledBack``
+    condition, one Event and one log line), and the Deployment's own status changes, or the
+    resync, bring the pass that moves traffic (kopf's retries wrote its progress to the object
+    every few seconds, for as long as the wait lasted)."""
     settings: OperatorSettings = memo.tailguard
     _known(memo).add(namespace or "", name)
     outcome = reconcile_service(namespace or "", name, settings)
@@ -353,8 +381,6 @@ def reconcile_handler(*, namespace: str | None, name: str, memo: Any, **_: Any) 
     if outcome.refused:
         raise kopf.TemporaryError("the API server refused: " + "; ".join(outcome.refused),
                                   delay=settings.retry_delay_seconds)
-    if outcome.plan is not None and outcome.plan.pending:
-        raise kopf.TemporaryError(outcome.plan.message, delay=settings.retry_delay_seconds)
 
 
 def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, memo: Any,

@@ -79,10 +79,28 @@ def controller_uid(live: Mapping[str, Any]) -> str | None:
 
 
 def ready_replicas(deployment: Mapping[str, Any] | None) -> int:
-    """``status.readyReplicas`` of a live Deployment; 0 when absent or when there is no object."""
+    """Ready replicas of a live Deployment's current pod template: those that serve what the
+    spec says now, never the previous ReplicaSet's pods. 0 without an object, and 0 until the
+    Deployment controller has seen the latest template (``status.observedGeneration`` below
+    ``metadata.generation``: its status still describes the previous one).
+
+    ``status.readyReplicas`` counts the Ready pods of every ReplicaSet and
+    ``status.updatedReplicas`` the pods (Ready or not) of the current one; the Deployment's
+    status has no Ready count of the current ReplicaSet alone. Assuming every older pod is
+    Ready gives a lower bound, exact once the rollout has replaced them:
+    ``min(updated, ready - (replicas - updated))``, at least 0. A rollout in progress is thus
+    counted short, never long, so traffic never moves to pods of an old model.
+    """
     if not deployment:
         return 0
-    return int((deployment.get("status") or {}).get("readyReplicas") or 0)
+    generation = (deployment.get("metadata") or {}).get("generation")
+    status = deployment.get("status") or {}
+    if generation is not None and int(status.get("observedGeneration") or 0) < int(generation):
+        return 0
+    ready = int(status.get("readyReplicas") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    older = max(0, int(status.get("replicas") or 0) - updated)
+    return max(0, min(updated, ready - older))
 
 
 def desired_replicas(deployment: Mapping[str, Any] | None) -> int:
@@ -92,7 +110,8 @@ def desired_replicas(deployment: Mapping[str, Any] | None) -> int:
     return int((deployment.get("spec") or {}).get("replicas") or 0)
 
 
-READ_STATUS: Mapping[str, tuple[str, ...]] = {"Deployment": ("replicas", "readyReplicas")}
+READ_STATUS: Mapping[str, tuple[str, ...]] = {
+    "Deployment": ("replicas", "readyReplicas", "updatedReplicas", "observedGeneration")}
 """The only status fields of a child that a reconcile pass reads, per kind."""
 _VOLATILE_METADATA = ("resourceVersion", "managedFields", "generation")
 
@@ -151,7 +170,8 @@ def plan_traffic(*, intent: str, current: str, ready: Mapping[str, int], min_rep
     ``max_replicas``. Until then ``current`` keeps serving, and the intended role's HPA minimum
     is raised to that count so the autoscaler brings the replicas up.
 
-    ``ready`` maps a role to its Deployment's ``status.readyReplicas``.
+    ``ready`` maps a role to the Ready replicas of its Deployment's current template
+    (:func:`ready_replicas`).
     """
     if intent == current:
         return TrafficPlan(intent=intent, active=current, switched=False)

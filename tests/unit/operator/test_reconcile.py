@@ -129,12 +129,32 @@ def test_a_patch_applied_converges() -> None:
     assert reconcile.merge_patch(desired("Deployment"), apply_merge_patch(live, patch)) is None
 
 
+def _deployment(generation: int, observed: int, replicas: int, updated: int,
+                ready: int) -> dict[str, object]:
+    return {"metadata": {"generation": generation},
+            "status": {"observedGeneration": observed, "replicas": replicas,
+                       "updatedReplicas": updated, "readyReplicas": ready}}
+
+
 def test_replica_counts_of_live_deployments() -> None:
     assert reconcile.ready_replicas(None) == 0
     assert reconcile.ready_replicas({"status": {}}) == 0
-    assert reconcile.ready_replicas({"status": {"readyReplicas": 3}}) == 3
+    assert reconcile.ready_replicas(_deployment(1, 1, 3, 3, 3)) == 3
     assert reconcile.desired_replicas({"spec": {"replicas": 2}}) == 2
     assert reconcile.desired_replicas(None) == 0
+
+
+def test_only_ready_pods_of_the_current_template_count() -> None:
+    """A new model's pods that cannot start leave 0 Ready however many old pods serve."""
+    # the template was just patched: the controller has not seen it yet
+    assert reconcile.ready_replicas(_deployment(2, 1, 3, 3, 3)) == 0
+    # it has: 3 old pods Ready, 1 new pod not yet (it cannot schedule)
+    assert reconcile.ready_replicas(_deployment(2, 2, 4, 1, 3)) == 0
+    # mid-rollout: 2 new pods, 2 old ones, 3 Ready in all: at least 1 new one is Ready
+    assert reconcile.ready_replicas(_deployment(2, 2, 4, 2, 3)) == 1
+    # done: the old pods are gone
+    assert reconcile.ready_replicas(_deployment(2, 2, 3, 3, 3)) == 3
+    assert reconcile.ready_replicas(_deployment(2, 2, 3, 3, 2)) == 2
 
 
 class TestPlanTraffic:
@@ -213,6 +233,9 @@ def test_a_status_write_nobody_reads_leaves_the_fingerprint_alone() -> None:
     ready = copy.deepcopy(deployment)
     ready["status"] = {"replicas": 1, "readyReplicas": 1, "observedGeneration": 1}
     assert reconcile.fingerprint(ready) != reconcile.fingerprint(deployment)
-    ready_again = copy.deepcopy(ready)
-    ready_again["status"]["observedGeneration"] = 2
-    assert reconcile.fingerprint(ready_again) == reconcile.fingerprint(ready)
+    seen = copy.deepcopy(ready)  # the controller saw a new template: readiness is recounted
+    seen["status"]["observedGeneration"] = 2
+    assert reconcile.fingerprint(seen) != reconcile.fingerprint(ready)
+    conditions = copy.deepcopy(ready)
+    conditions["status"]["conditions"] = [{"type": "Available", "status": "True"}]
+    assert reconcile.fingerprint(conditions) == reconcile.fingerprint(ready)

@@ -22,10 +22,13 @@ STATUS_VALIDATOR = jsonschema.Draft202012Validator(
 
 
 def deployments(primary: int, fallback: int) -> dict[str, Any]:
-    return {"primary": {"spec": {"replicas": max(primary, 1)},
-                        "status": {"readyReplicas": primary}},
-            "fallback": {"spec": {"replicas": max(fallback, 1)},
-                         "status": {"readyReplicas": fallback}}}
+    """Two Deployments whose rollouts are done: every pod is of the current template."""
+    def deployment(ready: int) -> dict[str, Any]:
+        replicas = max(ready, 1)
+        return {"metadata": {"generation": 1}, "spec": {"replicas": replicas},
+                "status": {"observedGeneration": 1, "replicas": replicas,
+                           "updatedReplicas": replicas, "readyReplicas": ready}}
+    return {"primary": deployment(primary), "fallback": deployment(fallback)}
 
 
 def build(previous: dict[str, Any], primary: int = 1, fallback: int = 1, *,
