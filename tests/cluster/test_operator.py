@@ -68,6 +68,9 @@ def test_create_makes_every_child_and_reports_ready_replicas(scene: Scene) -> No
                 "controller": True, "blockOwnerDeletion": True}]
             assert obj["metadata"]["labels"][manifests.LABEL_MANAGED_BY] == "tailguard-operator"
             assert not obj["metadata"].get("finalizers")
+            managers = {f["manager"] for f in obj["metadata"]["managedFields"]}
+            assert "tailguard-operator" in managers and "OpenAPI-Generator" not in managers, \
+                managers
     assert not scene.must_get(resource.PLURAL, "iris")["metadata"].get("finalizers")
     assert scene.selected_role() == "primary"
     status = scene.status()
@@ -82,6 +85,11 @@ def test_create_makes_every_child_and_reports_ready_replicas(scene: Scene) -> No
     assert [e["involvedObject"]["uid"] for e in scene.events("Created")] == [uid]
     verbs = {w.verb for w in scene.writes()}
     assert verbs <= {"create", "patch"}, verbs  # never a PUT, never a delete
+    ours = [w for w in scene.writes() if w.resource in (*CHILDREN, "events")
+            or w.subresource == "status"]
+    assert ours and all(w.user_agent.startswith("tailguard/")
+                        and "fieldManager=tailguard-operator" in w.uri for w in ours), [
+        (w.target, w.user_agent, w.uri) for w in ours]
     assert all(w.code < 400 for w in scene.writes()), scene.writes()
     # The API server filters the child watches: every list and watch of a child kind the
     # operator made (cluster-wide, since it started) carries the label selector.
@@ -388,6 +396,9 @@ def test_rolling_forward_to_a_new_model_waits_for_the_new_models_pods(
     with scene.operator():
         start(scene)
         rollback_cli(scene, "fallback")
+        fields = scene.must_get(resource.PLURAL, "iris")["metadata"]["managedFields"]
+        assert any(f["manager"] == "tailguard-cli" and "f:traffic" in json.dumps(f)
+                   for f in fields), fields  # who set spec.traffic
         scene.wait(lambda: scene.selected_role() == "fallback", what="selector on fallback")
         scene.settle()
         old = checksums(scene)["iris-primary"]

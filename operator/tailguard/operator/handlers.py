@@ -85,8 +85,12 @@ def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
         kube.KubeError: the API refused a read or a write.
     """
     with _lock_for(namespace, name):
-        return _reconcile(namespace, name, settings,
-                          now or datetime.datetime.now(datetime.timezone.utc))
+        outcome = _reconcile(namespace, name, settings,
+                             now or datetime.datetime.now(datetime.timezone.utc))
+    if outcome == Outcome():  # gone: its lock goes too, so the table grows with live objects
+        with _locks_guard:
+            _locks.pop((namespace, name), None)
+    return outcome
 
 
 def _reconcile(namespace: str, name: str, settings: OperatorSettings,

@@ -24,6 +24,7 @@ import kubernetes
 import urllib3
 
 from tailguard.spec import resource
+from tailguard_runtime import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,13 @@ MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = (5.0, 30.0)
 """(connect, read) timeouts of one API request, in seconds."""
 COMPONENT = "tailguard-operator"
+OPERATOR_MANAGER = COMPONENT
+"""The field manager of the operator's writes (``metadata.managedFields``, server-side apply's
+owner of a field)."""
+CLI_MANAGER = "tailguard-cli"
+"""The field manager of ``tailguard rollback|rollforward --cluster`` (``spec.traffic``)."""
+USER_AGENT = f"tailguard/{__version__}"
+"""The ``User-Agent`` of every request (the audit log's ``userAgent``)."""
 
 _PATHS: Mapping[str, tuple[str, str]] = {
     "ConfigMap": ("/api/v1", "configmaps"),
@@ -116,8 +124,10 @@ def connect(*, kubeconfig: str | None = None, context: str | None = None) -> Cre
             namespace = (chosen or {}).get("context", {}).get("namespace") or "default"
         except (kubernetes.config.ConfigException, OSError) as exc:
             raise KubeError(0, "NoCredentials", f"no Kubernetes credentials: {exc}") from None
+    api_client = kubernetes.client.ApiClient(config)
+    api_client.user_agent = USER_AGENT
     with _lock:
-        old, _client = _client, kubernetes.client.ApiClient(config)
+        old, _client = _client, api_client
         _namespace = namespace
     if old is not None:
         old.close()
@@ -164,18 +174,21 @@ def create(obj: Mapping[str, Any]) -> dict[str, Any]:
         KubeError: any other refusal.
     """
     namespace = obj["metadata"]["namespace"]
-    return _request("POST", _path(obj["kind"], namespace), body=dict(obj))
+    return _request("POST", _path(obj["kind"], namespace), body=dict(obj),
+                    field_manager=OPERATOR_MANAGER)
 
 
-def merge_patch(kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-    """Apply a JSON merge patch (RFC 7386) to an object; return the stored object.
+def merge_patch(kind: str, namespace: str, name: str, patch: Mapping[str, Any], *,
+                field_manager: str = OPERATOR_MANAGER) -> dict[str, Any]:
+    """Apply a JSON merge patch (RFC 7386) to an object as ``field_manager`` (what
+    ``metadata.managedFields`` names); return the stored object.
 
     Raises:
         NotFound: the object does not exist.
         KubeError: any other refusal.
     """
     return _request("PATCH", _path(kind, namespace, name), body=dict(patch),
-                    content_type=MERGE_PATCH)
+                    content_type=MERGE_PATCH, field_manager=field_manager)
 
 
 def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -187,7 +200,7 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
         KubeError: any other refusal.
     """
     return _request("PATCH", _path(resource.KIND, namespace, name) + "/status", body=dict(patch),
-                    content_type=MERGE_PATCH)
+                    content_type=MERGE_PATCH, field_manager=OPERATOR_MANAGER)
 
 
 def default_namespace() -> str:
@@ -215,7 +228,7 @@ def set_traffic(name: str, namespace: str | None, role: str) -> dict[str, Any]:
     if role not in ("primary", "fallback"):
         raise ValueError(f"role must be primary or fallback, got {role!r}")
     return merge_patch(resource.KIND, namespace or default_namespace(), name,
-                       {"spec": {"traffic": role}})
+                       {"spec": {"traffic": role}}, field_manager=CLI_MANAGER)
 
 
 def post_event(involved: Mapping[str, Any], *, type_: str, reason: str, message: str,
@@ -237,7 +250,8 @@ def post_event(involved: Mapping[str, Any], *, type_: str, reason: str, message:
         "reportingInstance": socket.gethostname()[:128],
     }
     try:
-        _request("POST", _path("Event", meta["namespace"]), body=event)
+        _request("POST", _path("Event", meta["namespace"]), body=event,
+                 field_manager=OPERATOR_MANAGER)
     except KubeError as exc:
         logger.warning("event not recorded: object=%s/%s reason=%s error=%s",
                        meta["namespace"], meta["name"], reason, exc)
@@ -263,13 +277,15 @@ def _api_client() -> Any:
 
 
 def _request(method: str, path: str, *, body: Mapping[str, Any] | None = None,
-             content_type: str = "application/json") -> dict[str, Any]:
+             content_type: str = "application/json",
+             field_manager: str | None = None) -> dict[str, Any]:
     client = _api_client()
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
-    request = client.param_serialize(method, path, header_params=headers, body=body,
-                                     auth_settings=["BearerToken"])
+    query = [("fieldManager", field_manager)] if field_manager else None
+    request = client.param_serialize(method, path, query_params=query, header_params=headers,
+                                     body=body, auth_settings=["BearerToken"])
     try:
         response = client.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
         response.read()

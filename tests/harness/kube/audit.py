@@ -33,6 +33,8 @@ class Write:
     """The request URI, query included (``?labelSelector=...``)."""
     body: Any = None
     """The request body (a create's object, a patch), where the policy logs it."""
+    user_agent: str = ""
+    """The request's ``User-Agent``."""
 
     @property
     def target(self) -> str:
@@ -87,7 +89,8 @@ class AuditLog:
                                 subresource=ref.get("subresource", ""),
                                 code=int((event.get("responseStatus") or {}).get("code", 0)),
                                 uri=event.get("requestURI", ""),
-                                body=event.get("requestObject"))
+                                body=event.get("requestObject"),
+                                user_agent=event.get("userAgent", ""))
                 if (user is None or request.user == user) and \
                         (namespace is None or request.namespace == namespace):
                     found.append(request)
