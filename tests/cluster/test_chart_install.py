@@ -13,12 +13,16 @@ import yaml
 from harness.kube.client import Client, wait_for
 from harness.kube.controlplane import ControlPlane
 from harness.kube.install import (
+    CHART,
     CRD_NAME,
     RELEASE,
     RELEASE_NAMESPACE,
     REPO,
     Installation,
+    apply_peering_crds,
     helm,
+    helm3_binary,
+    helm_binary,
     install,
 )
 
@@ -123,6 +127,30 @@ def test_a_release_that_watches_some_namespaces_needs_nothing_more(
         helm(cluster, "uninstall", "team", "-n", team.namespace, "--wait")
         admin.delete("namespaces", None, other)
         admin.delete("namespaces", None, team.namespace)
+
+
+@pytest.mark.parametrize("major", [4, 3])
+def test_peering_can_be_turned_on_and_off_by_an_upgrade(
+        cluster: ControlPlane, admin: Client, installed: Installation, major: int) -> None:
+    """A release upgraded from peering to none and back, by Helm 4 (which applies server-side)
+    and by Helm 3: the operator Deployment's strategy follows, Recreate then RollingUpdate."""
+    binary = helm_binary() if major == 4 else helm3_binary()
+    release, namespace = f"peer-h{major}", f"peer-h{major}-system"
+    apply_peering_crds(cluster)  # outside the release: kopf operators share them
+    base = ["-n", namespace, "--set", "crds.install=false", "--set", "peering.installCRDs=false",
+            "--set", f"peering.name={release}"]
+    helm(cluster, "install", release, str(CHART), "--create-namespace", *base,
+         "--set", "peering.enabled=true", binary=binary)
+    try:
+        for enabled, strategy in ((False, "Recreate"), (True, "RollingUpdate")):
+            helm(cluster, "upgrade", release, str(CHART), *base,
+                 "--set", f"peering.enabled={str(enabled).lower()}", binary=binary)
+            (stored,) = admin.list("deployments", namespace)  # the operator's
+            assert stored["spec"]["strategy"]["type"] == strategy, stored["spec"]["strategy"]
+            assert ("rollingUpdate" in stored["spec"]["strategy"]) is enabled
+    finally:
+        helm(cluster, "uninstall", release, "-n", namespace, "--wait", binary=binary)
+        admin.delete("namespaces", None, namespace)
 
 
 def test_helm_renders_what_the_server_accepts(cluster: ControlPlane,

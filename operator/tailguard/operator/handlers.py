@@ -31,6 +31,7 @@ import kopf
 
 from tailguard.operator import kube, manifests, reconcile
 from tailguard.operator.memory import KnownServices, SeenChildren, resync_targets
+from tailguard.operator.peering import DEFAULT_PEERING, Peering, active_peer
 from tailguard.operator.settings import OperatorSettings
 from tailguard.operator.status import build_status, invalid_status, status_patch
 from tailguard.spec import conditions, resource, schema
@@ -318,17 +319,28 @@ async def resync(memo: Any) -> None:
     """
     settings: OperatorSettings = memo.tailguard
     known = _known(memo)
+    peers: Peering | None = getattr(memo, "peering", None)
+    namespaces = getattr(memo, "namespaces", ())
     while True:
         await asyncio.sleep(settings.resync_seconds)
         try:
-            targets = await asyncio.to_thread(resync_targets,
-                                              getattr(memo, "namespaces", ()), known)
+            if peers is not None and not namespaces and not await asyncio.to_thread(
+                    _active, peers, None):
+                continue  # a standby: the active replica resyncs
+            targets = await asyncio.to_thread(resync_targets, namespaces, known)
         except Exception as exc:  # the task must outlive any one failure
             logger.warning("resync list failed error=%s", exc, exc_info=not isinstance(
                 exc, kube.KubeError))
             continue
+        standby: dict[str, bool] = {}  # per namespace, for an operator watching namespaces
         for namespace, name in targets:
             try:
+                if peers is not None and namespaces:
+                    if namespace not in standby:
+                        standby[namespace] = not await asyncio.to_thread(_active, peers,
+                                                                         namespace)
+                    if standby[namespace]:
+                        continue
                 outcome = await asyncio.to_thread(reconcile_service, namespace, name, settings)
             except Exception as exc:
                 logger.warning("resync failed service=%s/%s error=%s", namespace, name, exc,
@@ -336,6 +348,17 @@ async def resync(memo: Any) -> None:
                 continue
             if outcome == Outcome():  # gone
                 known.discard(namespace, name)
+
+
+def _active(peers: Peering, namespace: str | None) -> bool:
+    """Whether kopf lets this replica work (the cluster's peering object when ``namespace`` is
+    ``None``, else the namespace's), by :func:`~tailguard.operator.peering.active_peer`.
+
+    Raises:
+        kube.KubeError: the read was refused.
+    """
+    status = kube.peering_status(peers.name, namespace)
+    return active_peer(status, peers.priority, datetime.datetime.now(datetime.timezone.utc))
 
 
 @kopf.on.startup()
@@ -427,13 +450,14 @@ def run_operator(namespaces: Sequence[str] | None = None, *, peering: bool | str
         ValueError: bad ``TAILGUARD_*`` environment variables.
     """
     kopf.configure(verbose=verbose)
-    memo = kopf.Memo(tailguard=settings or OperatorSettings.from_env(os.environ),
-                     namespaces=list(namespaces or ()))
     # Peers with equal priority all pause (kopf's rule), so each replica draws its own.
     priority = random.randint(1, 2**31 - 1) if peering else None
+    # An empty name must reach kopf as None: any string makes peering mandatory, and kopf then
+    # pauses every watch until a peering object appears.
+    name = peering if isinstance(peering, str) and peering else None
+    peers = None if priority is None else Peering(name or DEFAULT_PEERING, priority)
+    memo = kopf.Memo(tailguard=settings or OperatorSettings.from_env(os.environ),
+                     namespaces=list(namespaces or ()), peering=peers)
     kopf.run(clusterwide=not namespaces, namespaces=list(namespaces or ()),
-             # An empty name must reach kopf as None: any string makes peering mandatory,
-             # and kopf then pauses every watch until a peering object appears.
-             standalone=not peering, peering_name=peering if isinstance(peering, str) and peering
-             else None,
-             priority=priority, memo=memo, liveness_endpoint=liveness_endpoint)
+             standalone=not peering, peering_name=name, priority=priority, memo=memo,
+             liveness_endpoint=liveness_endpoint)

@@ -152,6 +152,22 @@ def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return None
 
 
+def peering_status(name: str, namespace: str | None) -> dict[str, Any] | None:
+    """The ``status`` of kopf's peering object ``name``: the ``ClusterKopfPeering`` when
+    ``namespace`` is ``None``, else the ``KopfPeering`` in ``namespace``. ``None`` when there is
+    no such object; ``{}`` when it has no status yet.
+
+    Raises:
+        KubeError: any other refusal (403, 5xx, ...).
+    """
+    path = (f"/apis/kopf.dev/v1/clusterkopfpeerings/{name}" if namespace is None
+            else f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/{name}")
+    try:
+        return _request("GET", path).get("status") or {}
+    except NotFound:
+        return None
+
+
 def list_names(kind: str, namespace: str | None) -> list[tuple[str, str]]:
     """``(namespace, name)`` of every object of ``kind`` in ``namespace`` (every namespace
     when ``None``), sorted.

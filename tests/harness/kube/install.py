@@ -45,9 +45,24 @@ def helm_binary() -> str:
     return path
 
 
+def helm3_binary() -> str:
+    """The Helm 3 binary: ``$HELM3``, else ``helm3`` on PATH.
+
+    Raises:
+        RuntimeError: neither exists (``scripts/install-helm.sh`` installs one).
+    """
+    path = os.environ.get("HELM3") or shutil.which("helm3")
+    if not path:
+        raise RuntimeError("no helm3 binary: run `bash scripts/install-helm.sh .ci/bin` and put "
+                           ".ci/bin on PATH (make test does both)")
+    return path
+
+
 def helm(cluster: ControlPlane, *args: str, check: bool = True,
-         scratch: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``helm ARGS`` against the control plane as its admin.
+         scratch: Path | None = None, binary: str | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    """Run ``helm ARGS`` (``binary``: another Helm than :func:`helm_binary`'s) against the
+    control plane as its admin.
 
     Raises:
         AssertionError: ``check`` and a non-zero exit (with helm's stderr).
@@ -57,7 +72,8 @@ def helm(cluster: ControlPlane, *args: str, check: bool = True,
     env = {**os.environ, "KUBECONFIG": str(cluster.admin.kubeconfig),
            "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
            "HELM_DATA_HOME": str(home / "data")}
-    done = subprocess.run([helm_binary(), *args], capture_output=True, text=True, env=env,
+    done = subprocess.run([binary or helm_binary(), *args], capture_output=True, text=True,
+                          env=env,
                           timeout=180)
     if check and done.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
@@ -164,6 +180,25 @@ def install(cluster: ControlPlane, admin: Client, values: Mapping[str, Any] | No
                                 namespace=namespace)
     installation.refresh()
     return installation
+
+
+def apply_peering_crds(cluster: ControlPlane) -> list[dict[str, Any]]:
+    """Apply kopf's peering CRDs as the chart renders them (``peering.enabled``), as the admin,
+    outside any release (kopf operators share them), and wait until they are Established;
+    return everything else that rendering holds.
+
+    Raises:
+        subprocess.CalledProcessError: kubectl refused, or the CRDs were not Established in 30 s.
+    """
+    rendered = helm(cluster, "template", "tailguard", str(CHART), "-n", RELEASE_NAMESPACE,
+                    "--set", "peering.enabled=true").stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"
+            and d["spec"]["group"] == "kopf.dev"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(crds))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                    *(f"crd/{d['metadata']['name']}" for d in crds))
+    return [d for d in docs if d not in crds]
 
 
 def established(admin: Client) -> bool:

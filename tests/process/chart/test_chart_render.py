@@ -228,10 +228,12 @@ def test_peering_cluster_wide(helm: Helm) -> None:
     # A hook: created after the CRDs exist, even on the first install.
     assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     assert grants(one(objs, "ClusterRole")["rules"])[("kopf.dev", "clusterkopfpeerings")] == [
-        "list", "watch", "patch"]
+        "get", "list", "watch", "patch"]  # get: the resync reads it (operator/peering.py)
     deployment = one(objs, "Deployment")
     assert deployment["spec"]["replicas"] == 2
-    assert "strategy" not in deployment["spec"]  # RollingUpdate: peering keeps old and new apart
+    assert deployment["spec"]["strategy"] == {  # peering keeps old and new apart; whole, so an
+        "type": "RollingUpdate",                # upgrade to Recreate owns what it removes
+        "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
     env = env_of(operator_container(objs))
     assert env["TAILGUARD_PEERING"] == "tailguard"
     pod_id = [e for e in operator_container(objs)["env"] if e["name"] == "POD_ID"]
@@ -245,7 +247,8 @@ def test_peering_namespaced_has_a_peering_object_per_namespace(helm: Helm) -> No
     assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings] == [
         ("ml", "ml-operators"), ("ml-staging", "ml-operators")]
     for role in of_kind(objs, "Role"):
-        assert grants(role["rules"])[("kopf.dev", "kopfpeerings")] == ["list", "watch", "patch"]
+        assert grants(role["rules"])[("kopf.dev", "kopfpeerings")] == [
+            "get", "list", "watch", "patch"]
     assert ("kopf.dev", "clusterkopfpeerings") not in grants(one(objs, "ClusterRole")["rules"])
     assert env_of(operator_container(objs))["TAILGUARD_PEERING"] == "ml-operators"
 

@@ -35,6 +35,7 @@ from harness.chart import (
 )
 from harness.dockerfile import Stage, build_command, parse, pip_installs, requirement_extras
 from tailguard.operator import manifests
+from tailguard.operator.peering import Peering
 from tailguard.operator.settings import OperatorSettings
 from tailguard.spec import resource
 from tailguard_runtime.models import load_dataset
@@ -348,6 +349,7 @@ def test_operator_command_runs_kopf_as_the_chart_configures_it(
     run = _operator_kopf_run(helm4, monkeypatch, {}, "tailguard-operator-a")
     assert run.get("clusterwide") is True and not run.get("namespaces"), run
     assert run.get("standalone") is True and not run.get("peering_name"), run
+    assert run["memo"].peering is None, run
     assert run.get("liveness_endpoint") == "http://0.0.0.0:8080/healthz", run
 
     values = {"watchNamespaces": ["ml", "ml-staging"], "operator": {"replicas": 2},
@@ -357,6 +359,8 @@ def test_operator_command_runs_kopf_as_the_chart_configures_it(
     for run in runs:
         assert not run.get("clusterwide") and list(run["namespaces"]) == ["ml", "ml-staging"], run
         assert run.get("peering_name") == "ml-operators" and not run.get("standalone"), run
+        # the resync pauses by kopf's rule too: it knows the peering object and the priority
+        assert run["memo"].peering == Peering("ml-operators", run["priority"]), run
     # kopf pauses every replica when peers share a priority: replicas must differ.
     assert runs[0].get("priority") != runs[1].get("priority"), runs
 
