@@ -82,7 +82,8 @@ class Switch:
 class DrainReport:
     """What a drain did: ``in_flight`` requests were admitted when it began; ``cut_off`` of
     them were still unanswered when the grace period ended (answered 503); ``refused`` new
-    requests were answered 503 while it ran."""
+    requests were answered 503 while it ran (the server goes on refusing until it stops
+    listening: :attr:`Runtime.refused_draining` has the final count)."""
 
     in_flight: int
     cut_off: int

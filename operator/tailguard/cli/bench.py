@@ -6,9 +6,11 @@ A thin shell: it resolves the target (a URL, or an InferenceService YAML that it
 concurrency, judges a rate sweep against the SLO (:mod:`~tailguard.bench.plan`), and shows a progress bar
 and tables with rich (:mod:`~tailguard.cli.view`) or prints one JSON object (``--json``).
 
-Exit codes: 0 a valid run; 1 refused (no server, bad metadata, no rows, a spec that does not
-start); 2 bad arguments; 3 the run finished but the generator itself limited it (marked invalid:
-its numbers are not the server's latency); 130 on Ctrl-C.
+Exit codes: 0 a conclusive run; 1 refused (no server, bad metadata, no rows, a spec that does
+not start); 2 bad arguments; 3 the run finished but the generator itself limited it (marked
+invalid) and, with an SLO, missed it (a run within the SLO is conclusive whatever the
+generator did: latency counts from the scheduled time, so a late generator only makes it
+longer); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -188,7 +190,8 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
         "sweep": None if sweep is None else {"rateAtSlo": sweep.rate_at_slo,
                                              "stoppedAt": sweep.stopped_at,
                                              "reason": sweep.reason},
-        "valid": all(r.valid for r in results)}
+        "valid": all(r.valid or (k < len(outcomes) and outcomes[k] == "held")
+                     for k, r in enumerate(results))}
     if args.records:
         _write_records(Path(args.records), results)
     if args.json:

@@ -119,11 +119,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     choice = result.choice
     assert choice is not None
-    plot = Path(args.plot or f"{isvc.name}-tune.png")
-    plot.parent.mkdir(parents=True, exist_ok=True)
-    plot_tune(plot, result.points, result.table, float(isvc.slo.p99_latency_ms),
-              choice.chosen.policy if choice.chosen else None,
-              title=f"tailguard tune {isvc.name}: SLO p99 {isvc.slo.p99_latency_ms} ms")
+    plot: Path | None = None
+    if result.points:  # nothing measured (a --budget too small): no empty chart
+        plot = Path(args.plot or f"{isvc.name}-tune.png")
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        plot_tune(plot, result.points, result.table, float(isvc.slo.p99_latency_ms),
+                  choice.chosen.policy if choice.chosen else None,
+                  title=f"tailguard tune {isvc.name}: SLO p99 {isvc.slo.p99_latency_ms} ms")
     written = False
     if args.write and choice.chosen is not None:
         policy = choice.chosen.policy
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             fh.write(changed)
         written = True
     if args.json:
-        print(json.dumps(as_json(result, str(plot), written)))
+        print(json.dumps(as_json(result, None if plot is None else str(plot), written)))
     else:
         out = [f"raw model {isvc.model.uri}, in process:", markdown(result.table), "",
                f"grid: {result.grid.reason}"]
@@ -146,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
             out.append("skipped (the --budget ran out): "
                        + ", ".join(p.label() for p in result.skipped))
         out.append(("chosen: " if choice.ok else "") + choice.reason)
-        out.append(f"plot: {plot}")
+        out.append(f"plot: {plot}" if plot is not None
+                   else "plot: none (no point was measured within --budget)")
         if written:
             out.append(f"wrote spec.batching to {args.file}")
         elif args.write:

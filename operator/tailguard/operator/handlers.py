@@ -25,7 +25,7 @@ import os
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import kopf
 
@@ -140,15 +140,50 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
 
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
-    status = build_status(previous, isvc, generation=generation, plan=plan,
-                          deployments=deployments, conflicts=conflicts, refused=refused, now=now)
-    patch = status_patch(previous, status)
-    if patch is not None:
-        kube.patch_status(namespace, name, patch)
+    _write_status(body, lambda stored: build_status(
+        stored, isvc, generation=generation, plan=plan, deployments=deployments,
+        conflicts=conflicts, refused=refused, now=now))
     outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
                       conflicts=tuple(conflicts), refused=tuple(refused))
     _announce(body, previous, outcome, now)
     return outcome
+
+
+STATUS_ATTEMPTS = 5
+"""Writes tried per pass (a status, a child's owner references) when other writers keep coming
+in between (409)."""
+
+
+def _write_status(body: Mapping[str, Any],
+                  compute: Callable[[Mapping[str, Any]], dict[str, Any]]) -> bool:
+    """Write the owned status that ``compute`` makes from the stored one, if it differs, with
+    the object's ``resourceVersion`` as a precondition: a writer that came in between (the SLO
+    guard setting ``SLOMet``, anyone's condition) makes the API answer 409, and the status is
+    read and computed again, so no one's condition is lost to a stale read. Returns whether
+    it wrote.
+
+    Raises:
+        kube.KubeError: the API refused, or others wrote in between :data:`STATUS_ATTEMPTS`
+            times in a row.
+    """
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    current: Mapping[str, Any] | None = body
+    for _ in range(STATUS_ATTEMPTS):
+        if current is None or current["metadata"].get("deletionTimestamp"):
+            return False
+        stored = current.get("status") or {}
+        patch = status_patch(stored, compute(stored))
+        if patch is None:
+            return False
+        patch["metadata"] = {"resourceVersion": current["metadata"]["resourceVersion"]}
+        try:
+            kube.patch_status(namespace, name, patch)
+            return True
+        except kube.Conflict:
+            current = kube.get(resource.KIND, namespace, name)
+    raise kube.KubeError(409, "Conflict", f"status of {namespace}/{name}: other writers came "
+                         f"in between {STATUS_ATTEMPTS} times in a row")
 
 
 SERVED_FIRST = ("ConfigMap", "Deployment")
@@ -198,22 +233,31 @@ def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
             found = fresh = kube.get(kind, namespace, name)
             if found is None:
                 raise
-    if reconcile.controller_uid(found) not in (None, owner.uid):
-        return "conflict", fresh
-    patch = reconcile.merge_patch(desired, found)
-    if patch is None:
-        return None, fresh
-    return "patched", kube.merge_patch(kind, namespace, name, patch)
+    for _ in range(STATUS_ATTEMPTS):
+        if reconcile.controller_uid(found) not in (None, owner.uid):
+            return "conflict", fresh
+        patch = reconcile.merge_patch(desired, found)
+        if patch is None:
+            return None, fresh
+        if "ownerReferences" in (patch.get("metadata") or {}):
+            # a merge patch replaces the list whole: only over the version it was merged into
+            patch["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
+        try:
+            return "patched", kube.merge_patch(kind, namespace, name, patch)
+        except kube.Conflict:  # someone wrote in between: merge into what is there now
+            found = fresh = kube.get(kind, namespace, name)
+            if found is None:
+                raise
+    raise kube.KubeError(409, "Conflict", f"{kind}/{name}: other writers came in between "
+                         f"{STATUS_ATTEMPTS} times in a row")
 
 
 def _refuse(body: Mapping[str, Any], previous: Mapping[str, Any], generation: int | None,
             message: str, now: datetime.datetime) -> None:
     meta = body["metadata"]
-    status = invalid_status(previous, generation=generation, message=message, now=now)
-    patch = status_patch(previous, status)
-    if patch is None:
+    if not _write_status(body, lambda stored: invalid_status(
+            stored, generation=generation, message=message, now=now)):
         return
-    kube.patch_status(meta["namespace"], meta["name"], patch)
     before = conditions.find_condition(previous, "Ready") or {}
     if before.get("reason") != "InvalidSpec" or not before.get("message", "").startswith(message):
         logger.warning("invalid spec service=%s/%s reason=%s", meta["namespace"], meta["name"],

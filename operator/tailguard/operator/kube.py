@@ -209,10 +209,12 @@ def merge_patch(kind: str, namespace: str, name: str, patch: Mapping[str, Any], 
 
 def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
     """Merge-patch an InferenceService's ``status`` subresource with ``patch``
-    (``{"status": {...}}``); return the stored object.
+    (``{"status": {...}}``, with ``metadata.resourceVersion`` as a precondition if given);
+    return the stored object.
 
     Raises:
         NotFound: the InferenceService does not exist.
+        Conflict: the precondition failed (someone wrote in between).
         KubeError: any other refusal.
     """
     return _request("PATCH", _path(resource.KIND, namespace, name) + "/status", body=dict(patch),

@@ -57,7 +57,8 @@ def plot_tune(path: Path, points: Sequence[PointResult], table: Sequence[RawRow]
         ax.set_xlabel("maxBatchSize (rows)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # an empty legend is a matplotlib warning
+            ax.legend(fontsize=8)
     p99_ax.set_title("p99 against batch size")
     rps_ax.set_title("throughput against batch size")
     table_ax.axis("off")
@@ -95,7 +96,8 @@ def plot_raw(path: Path, tables: dict[str, list[dict[str, Any]]]) -> Path:
         ax.set_xlabel("batch (rows per call)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # an empty legend is a matplotlib warning
+            ax.legend(fontsize=8)
     ms_ax.set_title("one model call, in process")
     rows_ax.set_title("where batching stops paying")
     fig.tight_layout()
@@ -127,7 +129,8 @@ def plot_sweep(path: Path, runs: Sequence[dict[str, Any]], slo_ms: float) -> Pat
         ax.set_xlabel("offered rate (req/s, open loop)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # an empty legend is a matplotlib warning
+            ax.legend(fontsize=8)
     p99_ax.set_title("p99 against the offered rate")
     rps_ax.set_title("throughput against the offered rate")
     fig.tight_layout()

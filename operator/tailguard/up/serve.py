@@ -158,6 +158,8 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     finally:
         remove_control_file(control)
     report = runtime.drain_report
+    if report is not None:  # the 503s go on until the server stops listening: count them all
+        report = dataclasses.replace(report, refused=runtime.refused_draining)
     print(f"tailguard up: {report.line() + '; ' if report else ''}stopped", file=out, flush=True)
     return 0
 

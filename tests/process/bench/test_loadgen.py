@@ -235,6 +235,12 @@ def test_a_run_the_generator_cannot_offer_is_marked_invalid(null_server: NullSer
     out = io.StringIO()
     print_report(report, Console(file=out, width=200))
     assert "INVALID" in out.getvalue() and "not the server's latency" in out.getvalue()
+    # the same run within an SLO is conclusive (latency counts from the scheduled time): a note
+    run["slo"] = "held"
+    out = io.StringIO()
+    print_report(report, Console(file=out, width=200))
+    assert "held the SLO all the same" in out.getvalue()
+    assert "not the server's latency" not in out.getvalue()
 
 
 @pytest.mark.parametrize("null_server", [("--uri", "file:///models/m.joblib", "--features", "5")],

@@ -106,3 +106,15 @@ def test_bad_arguments_fail_in_one_line(tmp_path: Path) -> None:
     assert "--grid: both sizes must be >= 1" in one_line_failure(done)
     missing = run_cli("tune", str(tmp_path / "missing.yaml"))
     assert missing.returncode == 2 and "cannot read" in one_line_failure(missing)
+
+
+def test_a_budget_too_small_for_any_point_draws_no_empty_chart(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    png = tmp_path / "tiny.png"
+    done, _ = tune(str(spec), "--budget", "3", "--table-seconds", "0.2", "--plot", str(png))
+    assert done.returncode == 1, done.stderr + done.stdout
+    assert "no point was measured" in done.stdout
+    assert "plot: none (no point was measured within --budget)" in done.stdout.splitlines()
+    assert not png.exists()
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr, done.stderr

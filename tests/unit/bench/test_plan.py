@@ -85,12 +85,15 @@ def _result(p99: float, sent: int = 1000, ok: int = 1000, invalid: bool = False)
                       latency_ms={"p99": p99}, invalid=["lag"] if invalid else [])
 
 
-def test_a_rate_holds_its_slo_on_p99_and_on_failures_and_only_when_valid() -> None:
+def test_a_rate_holds_its_slo_on_p99_and_on_failures_whatever_the_generator_did() -> None:
     assert outcome(_result(40.0), 50) == "held"
     assert outcome(_result(60.0), 50) == "broke"
     assert outcome(_result(40.0, ok=980), 50) == "broke"  # 2% not answered 200 (429s included)
     assert outcome(_result(40.0, ok=995), 50) == "held"
-    assert outcome(_result(40.0, invalid=True), 50) == "invalid"
+    # latency counts from the scheduled time: a late generator only makes it longer, so a run
+    # within the SLO holds all the same, and one over it is inconclusive, not a miss
+    assert outcome(_result(40.0, invalid=True), 50) == "held"
+    assert outcome(_result(60.0, invalid=True), 50) == "invalid"
 
 
 def test_a_sweep_reports_the_last_rate_that_held_before_the_first_that_did_not() -> None:
