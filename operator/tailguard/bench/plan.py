@@ -18,8 +18,12 @@ import numpy as np
 from tailguard._util.stats import nearest_rank
 
 MAX_LAG_P99_MS = 1.0
-"""A run whose p99 schedule lag exceeds this many ms is invalid: the generator did not send on
-time, so the latencies it reports are partly its own (tailguard bench's rule)."""
+"""A run without an SLO to judge against is invalid when its p99 schedule lag exceeds this many
+ms: the generator did not send on time, so the latencies it reports are partly its own."""
+LAG_SLO_SHARE = 0.1
+"""With an SLO, a run is invalid when its p99 schedule lag exceeds this share of it (at least
+:data:`MAX_LAG_P99_MS`): 5 ms against a 50 ms SLO. A few ms late against a 50 ms promise says
+nothing about the server; a tenth of the SLO is enough to make a miss the generator's."""
 MAX_CPU_SHARE = 0.90
 """A run whose generator used more than this share of one core is invalid: it was saturated."""
 MAX_FAILED_SHARE = 0.01
@@ -228,6 +232,17 @@ class LoadResult:
                    rows_per_s=round(self.achieved_rps * self.rows_per_request, 1),
                    valid=self.valid, generator_cpu=round(self.generator_cpu, 3))
         return out
+
+
+def lag_limit_ms(slo_ms: float | None, given: float | None = None) -> float:
+    """The p99 schedule lag (ms) a run may have and stay valid: ``given`` (``--max-lag-ms``)
+    when set; else :data:`LAG_SLO_SHARE` of ``slo_ms`` (at least :data:`MAX_LAG_P99_MS`); else,
+    without an SLO, :data:`MAX_LAG_P99_MS`."""
+    if given is not None:
+        return given
+    if slo_ms is None:
+        return MAX_LAG_P99_MS
+    return max(MAX_LAG_P99_MS, LAG_SLO_SHARE * slo_ms)
 
 
 def judge(schedule_lag_ms: dict[str, float | None], generator_cpu: float,

@@ -16,6 +16,7 @@ longer); 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -68,7 +69,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``tailguard bench``; returns the exit code (see the module docstring)."""
     from tailguard.bench.loadgen import LOOPBACK
-    from tailguard.bench.plan import Bounds, parse_rates
+    from tailguard.bench.plan import Bounds, lag_limit_ms, parse_rates
     from tailguard.bench.target import (
         BenchRefused,
         choose_rows,
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         rates = parse_rates(args.rate) if args.rate is not None else None
         bounds = Bounds(args.duration, args.warmup, args.max_requests, args.timeout,
-                        args.connections, args.max_lag_ms)
+                        args.connections, lag_limit_ms(None, args.max_lag_ms))
         if args.concurrency is not None and args.concurrency < 1:
             raise ValueError("--concurrency must be >= 1")
     except ValueError as exc:
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             target = parse_url(args.target)
         if rates is not None and len(rates) > 1 and slo_ms is None:
             raise BenchRefused("a rate sweep needs the SLO: give --slo-ms for a URL")
+        bounds = dataclasses.replace(bounds, max_lag_p99_ms=lag_limit_ms(slo_ms, args.max_lag_ms))
         if target.host not in LOOPBACK and target.host != args.allow_host:
             raise BenchRefused(f"{target.host} is not loopback; name it with --allow-host "
                                f"{target.host} to load it")

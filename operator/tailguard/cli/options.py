@@ -33,9 +33,9 @@ def add_table_seconds(cmd: Any, default_s: float) -> None:
 
 def add_max_lag(cmd: Any) -> None:
     """``--max-lag-ms``: the generator's own validity bound (p99 schedule lag, ms)."""
-    cmd.add_argument("--max-lag-ms", type=float, default=1.0,
-                     help="a run whose p99 schedule lag exceeds this is invalid (default 1; "
-                          "raise it only on a machine known to be shared)")
+    cmd.add_argument("--max-lag-ms", type=float,
+                     help="a run whose p99 schedule lag exceeds this is invalid (default: a "
+                          "tenth of the SLO, at least 1; 1 without an SLO)")
 
 DEFAULT_PORT = 8080
 """The port ``tailguard up`` listens on, and the one the other commands look for, by default."""

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         for p in result.points:
             p99 = "-" if p.p99_ms is None else f"{p.p99_ms:.1f} ms"
             out.append(f"  {p.policy.label():<32} {p.throughput_rps:>9,.0f} req/s  p99 {p99:>9}"
-                       f"  {'meets the SLO' if p.meets_slo else 'misses'}"
+                       f"  {p.verdict}"
                        f"{'  (' + p.note + ')' if p.note else ''}")
         if result.skipped:
             out.append("skipped (the --budget ran out): "

@@ -61,9 +61,10 @@ class PointResult:
 
     ``throughput_rps``: sustained requests per second (answered 200 per second at the target
     rate, or the point's rate at SLO); latencies in ms over the 200 answers (None: no answer);
-    ``meets_slo``: the measurement held the SLO (p99 within it, few enough failures, a valid
-    run); ``note``: why not, or anything worth saying (empty otherwise); ``detail``: the raw
-    measurement for ``--json``.
+    ``meets_slo``: the measurement held the SLO (p99 within it, few enough failures);
+    ``invalid``: it did not, and the run that decided it was one the generator limited, so it
+    says nothing about the policy (neither met nor missed; never chosen); ``note``: why not,
+    or anything worth saying (empty otherwise); ``detail``: the raw measurement for ``--json``.
     """
 
     policy: Policy
@@ -74,14 +75,20 @@ class PointResult:
     meets_slo: bool
     note: str = ""
     detail: dict[str, Any] | None = None
+    invalid: bool = False
+
+    @property
+    def verdict(self) -> str:
+        """``meets the SLO``, ``invalid`` or ``misses``, as the tables say it."""
+        return "meets the SLO" if self.meets_slo else "invalid" if self.invalid else "misses"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: ``maxBatchSize``, ``maxWaitMs``, ``throughputRps``, ``p50Ms``, ``p95Ms``,
-        ``p99Ms``, ``meetsSlo``, ``note`` and ``detail``."""
+        ``p99Ms``, ``meetsSlo``, ``invalid``, ``note`` and ``detail``."""
         return {"maxBatchSize": self.policy.max_batch_size, "maxWaitMs": self.policy.max_wait_ms,
                 "throughputRps": round(self.throughput_rps, 1), "p50Ms": self.p50_ms,
                 "p95Ms": self.p95_ms, "p99Ms": self.p99_ms, "meetsSlo": self.meets_slo,
-                "note": self.note, "detail": self.detail}
+                "invalid": self.invalid, "note": self.note, "detail": self.detail}
 
 
 @dataclass(frozen=True)

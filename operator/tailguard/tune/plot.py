@@ -19,8 +19,9 @@ def plot_tune(path: Path, points: Sequence[PointResult], table: Sequence[RawRow]
               slo_ms: float, chosen: Policy | None, *, title: str = "") -> Path:
     """Write the PNG to ``path`` (its folder must exist) and return ``path``.
 
-    ``points`` in any order (points without a p99 are left out of the p99 panel); ``chosen``
-    is marked in both panels when given; ``slo_ms`` is drawn on the p99 panel.
+    ``points`` in any order (points without a p99 are left out of the p99 panel; invalid ones
+    are crossed in purple); ``chosen`` is marked in both panels when given; ``slo_ms`` is drawn
+    on the p99 panel.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -38,6 +39,12 @@ def plot_tune(path: Path, points: Sequence[PointResult], table: Sequence[RawRow]
                     [p.p99_ms for p in with_p99], marker="o", label=label)
         rps_ax.plot([p.policy.max_batch_size for p in line], [p.throughput_rps for p in line],
                     marker="o", label=label)
+    invalid = [p for p in points if p.invalid and p.p99_ms is not None]
+    if invalid:  # measured while the generator lagged: neither met nor missed
+        p99_ax.plot([p.policy.max_batch_size for p in invalid], [p.p99_ms for p in invalid],
+                    marker="x", markersize=12, markeredgewidth=3, color="purple",
+                    linestyle="none",
+                    label="invalid (generator lagged)")
     p99_ax.axhline(slo_ms, color="red", linestyle="--", label=f"SLO p99 {slo_ms:g} ms")
     if chosen is not None:
         for p in points:

@@ -64,7 +64,9 @@ class TuneOptions:
     grid_waits: int = 2
     batch_sizes: tuple[int, ...] = ()
     waits_ms: tuple[int, ...] = ()
-    max_lag_ms: float = 1.0
+    max_lag_ms: float | None = None
+    """The validity limit on the p99 schedule lag (ms); ``None``: a tenth of the SLO
+    (:func:`tailguard.bench.plan.lag_limit_ms`)."""
 
 
 @dataclass
@@ -215,11 +217,11 @@ def measure_policy(isvc: InferenceService, base: str, rows: np.ndarray, rates: l
     """Load the service served at ``base`` with each rate in turn (open loop, ``opts.point_s``
     measured after ``opts.warmup_s``) until one does not hold the SLO, or until a next run would
     end after ``until`` (``time.monotonic()`` seconds; the first run always happens)."""
-    from tailguard.bench.plan import Bounds
+    from tailguard.bench.plan import Bounds, lag_limit_ms
 
-    bounds = Bounds(opts.point_s, opts.warmup_s, timeout_s=isvc.batching.timeout_ms / 1000 + 1,
-                    max_lag_p99_ms=opts.max_lag_ms)
     slo_ms = float(isvc.slo.p99_latency_ms)
+    bounds = Bounds(opts.point_s, opts.warmup_s, timeout_s=isvc.batching.timeout_ms / 1000 + 1,
+                    max_lag_p99_ms=lag_limit_ms(slo_ms, opts.max_lag_ms))
     runs: list[LoadResult] = []
     for rate in rates:
         if runs and time.monotonic() + opts.warmup_s + opts.point_s > until:
@@ -249,7 +251,8 @@ def point_result(policy: Policy, runs: list[LoadResult], slo_ms: float) -> Point
         note = (f"{stop.offered_rps:g} req/s broke it" if outcome(stop, slo_ms) == "broke"
                 else f"{stop.offered_rps:g} req/s was not a valid run: {'; '.join(stop.invalid)}")
     return PointResult(policy, best.achieved_rps, lat.get("p50"), lat.get("p95"), lat.get("p99"),
-                       bool(held), note, {"runs": [_run_dict(r) for r in runs]})
+                       bool(held), note, {"runs": [_run_dict(r) for r in runs]},
+                       invalid=not held and outcome(best, slo_ms) == "invalid")
 
 
 def _run_dict(r: LoadResult) -> dict[str, Any]:

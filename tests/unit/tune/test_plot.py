@@ -31,6 +31,15 @@ def test_the_plot_is_a_png_with_the_chosen_point_marked(tmp_path: Path) -> None:
     assert (255, 0, 0) in colours(plain)  # the SLO line
 
 
+def test_invalid_points_are_crossed_in_purple(tmp_path: Path) -> None:
+    lagged = PointResult(Policy(64, 0), 2_500, 1.0, 2.0, 80, False, "lag", invalid=True)
+    crossed = plot_tune(tmp_path / "crossed.png", [*POINTS, lagged], TABLE, 50, None)
+    plain = plot_tune(tmp_path / "plain.png", POINTS, TABLE, 50, None)
+    purple = (128, 0, 128)  # matplotlib's "purple"
+    assert purple in colours(crossed) and purple not in colours(plain)
+    assert lagged.verdict == "invalid" and POINTS[0].verdict == "meets the SLO"
+
+
 def test_points_without_answers_are_left_out_of_the_p99_panel(tmp_path: Path) -> None:
     points = [*POINTS, PointResult(Policy(128, 0), 0.0, None, None, None, False, "no answers")]
     path = plot_tune(tmp_path / "p.png", points, [], 50, None)
