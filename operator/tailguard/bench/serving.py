@@ -24,7 +24,8 @@ from tailguard_runtime.models import Predictor
 
 class Unusable(Exception):
     """The spec, its models or its rows cannot be used; ``str()`` is one line. ``usage`` is
-    True for a problem with the command line itself (an unreadable file: exit code 2)."""
+    True for bad input (an unreadable file, an invalid spec: exit code 2), False for a refusal
+    (a model that does not load, rows that do not fit: exit code 1)."""
 
     def __init__(self, message: str, *, usage: bool = False) -> None:
         super().__init__(message)
@@ -51,8 +52,8 @@ def read_service(path: str | Path) -> tuple[InferenceService, str]:
     except SpecError as exc:
         more = (f" (and {len(exc.errors) - 1} more; tailguard validate lists them)"
                 if len(exc.errors) > 1 else "")
-        raise Unusable(f"{path} is not a valid InferenceService: {exc.errors[0]}{more}"
-                       ) from None
+        raise Unusable(f"{path} is not a valid InferenceService: {exc.errors[0]}{more}",
+                       usage=True) from None
     return found.isvc, found.text
 
 

@@ -6,8 +6,8 @@ A thin shell: it resolves the target (a URL, or an InferenceService YAML that it
 concurrency, judges a rate sweep against the SLO (:mod:`~tailguard.bench.plan`), and shows a progress bar
 and tables with rich (:mod:`~tailguard.cli.view`) or prints one JSON object (``--json``).
 
-Exit codes: 0 a conclusive run; 1 refused (no server, bad metadata, no rows, a spec that does
-not start); 2 bad arguments; 3 the run finished but the generator itself limited it (marked
+Exit codes: 0 a conclusive run; 1 refused (no server, bad metadata, no rows, a spec whose
+models do not load); 2 bad arguments, or a spec that cannot be read or is invalid; 3 the run finished but the generator itself limited it (marked
 invalid) and, with an SLO, missed it (a run within the SLO is conclusive whatever the
 generator did: latency counts from the scheduled time, so a late generator only makes it
 longer); 130 on Ctrl-C.
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``tailguard bench``; returns the exit code (see the module docstring)."""
     from tailguard.bench.loadgen import LOOPBACK
     from tailguard.bench.plan import Bounds, lag_limit_ms, parse_rates
+    from tailguard.bench.serving import Unusable
     from tailguard.bench.target import (
         BenchRefused,
         choose_rows,
@@ -115,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     except BenchRefused as exc:
         print(f"tailguard bench: {exc}", file=sys.stderr)
         return 1
+    except Unusable as exc:  # the spec: unreadable or invalid
+        print(f"tailguard bench: {exc}", file=sys.stderr)
+        return 2 if exc.usage else 1
     finally:
         if up is not None:
             up.stop()
@@ -124,15 +128,11 @@ def _read_spec(path: Path) -> tuple[str, float]:
     """The name and SLO (ms) of the InferenceService in ``path`` (:func:`tailguard.bench.serving.read_service`).
 
     Raises:
-        BenchRefused: the file cannot be read or is not a valid InferenceService.
+        Unusable: the file cannot be read or is not a valid InferenceService (exit code 2).
     """
-    from tailguard.bench.serving import Unusable, read_service
-    from tailguard.bench.target import BenchRefused
+    from tailguard.bench.serving import read_service
 
-    try:
-        isvc, _ = read_service(path)
-    except Unusable as exc:
-        raise BenchRefused(str(exc)) from None
+    isvc, _ = read_service(path)
     return isvc.name, float(isvc.slo.p99_latency_ms)
 
 

@@ -12,9 +12,10 @@
 * ``tailguard report FILE.yaml`` -- write the service's evidence card (:mod:`.report`).
 * ``tailguard operator`` -- run the Kubernetes operator (:mod:`.operator`).
 
-Every failure is one line on stderr and a non-zero exit code: 1 when the command ran and was
-refused (no server, unknown name, unreachable API server, invalid spec), 2 for bad arguments or
-a file that cannot be read, 130 on Ctrl-C. A command whose optional part is not installed
+Every failure is one line on stderr and a non-zero exit code, the same for every command: 1
+when the command ran and was refused or a check failed (no server, unknown name, unreachable
+API server, a model that does not load), 2 for bad input (bad arguments, a file that cannot be
+read, an invalid spec), 3 for an inconclusive measurement (``bench``), 130 on Ctrl-C. A command whose optional part is not installed
 (:mod:`.extras`) says which extra to install, and exits 1.
 """
 

@@ -1,8 +1,8 @@
 """The ``tailguard report`` command line: serve, measure (:mod:`tailguard.report.gather`), render
 (:mod:`tailguard.report.markdown`), write ``report.md``, ``report.json`` and the plots into ``--out``.
 
-Exit codes: 0 written; 1 the spec, its models or its rows cannot be used, or the service did
-not start or stopped answering; 2 an unreadable file.
+Exit codes: 0 written; 1 its models or its rows cannot be used, or the service did not start
+or stopped answering; 2 bad arguments, or a spec that cannot be read or is invalid.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def _validate(args: argparse.Namespace) -> int:
         return 2
     except SpecError as exc:
         print(spec_error_text("tailguard validate", args.file, exc), file=sys.stderr)
-        return 1
+        return 2
     isvc = found.isvc
     if args.models and not _check_models(args.file, isvc):
         return 1

@@ -9,8 +9,9 @@ breaks (the point's rate at SLO). :func:`~tailguard.tune.grid.choose` picks the 
 plot (:mod:`tailguard.tune.plot`) and ``--write`` (:mod:`tailguard.spec.yamledit`) follow. The whole run stays inside
 ``--budget`` seconds: a point that would not fit is skipped and named.
 
-Exit codes: 0 a policy met the SLO; 1 none did (the closest is named), or the spec, its models
-or its rows cannot be used; 2 bad arguments or an unreadable file; 130 on Ctrl-C.
+Exit codes: 0 a policy met the SLO; 1 none did (the closest is named), or its models or its
+rows cannot be used; 2 bad arguments, or a spec that cannot be read or is invalid; 130 on
+Ctrl-C.
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
        port_hint: str = "use --port to pick another port",
        allowed_origins: tuple[str, ...] = ()) -> int:
     """Serve the InferenceService in ``path`` until interrupted. Returns the exit code:
-    0 after a clean drain, 2 for an invalid spec, a model that cannot load, or a busy port.
+    0 after a clean drain; 2 for a file that cannot be read or an invalid spec; 1 for a model
+    that cannot load, a busy port or a control file that cannot be written.
 
     ``command`` is how the banner spells the ``tailguard`` command so that its lines run as
     printed (e.g. ``.venv/bin/tailguard``); ``port_hint`` ends the busy-port line (``make up``
@@ -126,13 +127,13 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     except OSError as exc:
         print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} ({port_hint})",
               file=sys.stderr)
-        return 2
+        return 1
     limit_threads()
     secret = new_secret()
     runtime = _load(isvc, out, secret, allowed_origins)
     if runtime is None:
         sock.close()
-        return 2
+        return 1
     bound = sock.getsockname()[1]
     try:
         control = write_control_file(isvc.name, bound, secret)
@@ -140,7 +141,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
         print(f"tailguard up: cannot write the control file for tailguard rollback: {exc}",
               file=sys.stderr)
         sock.close()
-        return 2
+        return 1
     print(_banner(isvc, base_url(host, bound), command), file=out, flush=True)
     shown = StatusLine(out)
     guard = LocalGuard(runtime, isvc, shown)

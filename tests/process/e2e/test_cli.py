@@ -117,7 +117,9 @@ def test_a_missing_file_is_one_line(command: str, tmp_path: Path) -> None:
 def test_an_invalid_spec_with_one_problem_is_one_line(command: str, tmp_path: Path) -> None:
     spec = tmp_path / "bad.yaml"
     spec.write_text(IRIS.read_text() + "  batching:\n    maxBatchSize: 0\n")
-    line = one_line_failure(run_cli(command, str(spec), *(["--port", "0"] * (command == "up"))))
+    done = run_cli(command, str(spec), *(["--port", "0"] * (command == "up")))
+    assert done.returncode == 2  # bad input, the same for every command
+    line = one_line_failure(done)
     assert line == (f"tailguard {command}: {spec} is not a valid InferenceService: "
                     "spec.batching.maxBatchSize: 0 is less than the minimum of 1")
 
