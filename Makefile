@@ -23,12 +23,14 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# PYTHONWARNINGS: setuptools' editable build prints a 12-line BuildBackendWarning (folders
+# named like a package) that --quiet does not silence; nothing here acts on it.
 $(INSTALLED): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[operator,tools]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -c constraints.txt -e '.[operator,tools]'
 	touch $@
 
 $(INSTALLED_TEST): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@ $(INSTALLED)
 
 install: $(INSTALLED)
