@@ -229,7 +229,9 @@ class Batcher:
     """Queue, admission and the model thread for one model.
 
     ``run`` is the model call (:attr:`Predictor.run`); it is only ever called from this
-    batcher's one model thread. ``observe_batch(rows, seconds)`` and
+    batcher's one model thread. ``observe_batch(rows, seconds, own_s)`` (``seconds``: all the
+    model time the batch cost; ``own_s``: its first call's, the model's own time for those rows,
+    without the calls that isolated failing requests or checked the reference row) and
     ``observe_queue_wait(seconds)`` are metric hooks, called on the event loop.
 
     Two threads share the queue, under one lock. The event loop admits and queues requests,
@@ -252,7 +254,7 @@ class Batcher:
 
     def __init__(self, run: Callable[[np.ndarray], Outputs], *, max_batch_size: int,
                  max_wait_ms: float, max_queue_size: int, name: str = "model",
-                 observe_batch: Callable[[int, float], None] | None = None,
+                 observe_batch: Callable[[int, float, float], None] | None = None,
                  observe_queue_wait: Callable[[float], None] | None = None) -> None:
         self._run = run
         self.name = name
@@ -263,7 +265,7 @@ class Batcher:
         """A batch is with the model or its answers are not yet handed out."""
         self.draining = False
         self.in_flight: set[Request] = set()
-        self._observe_batch = observe_batch or (lambda rows, seconds: None)
+        self._observe_batch = observe_batch or (lambda rows, seconds, own_s: None)
         self._observe_queue_wait = observe_queue_wait or (lambda seconds: None)
         self._isolation_budget = isolation_budget(max_batch_size)
         self._reference = ReferenceRow(run)
@@ -441,7 +443,17 @@ class Batcher:
                 x = gather_rows(segments)
                 cuts = list(accumulate(stop - start for _, start, stop in segments[:-1]))
                 started = perf_counter()
-                pieces = predict_isolating(self._run, x, cuts, self._isolation_budget)
+                first: list[float] = []  # when the first call ended (perf_counter s)
+
+                def run(rows: np.ndarray) -> Outputs:
+                    try:
+                        return self._run(rows)
+                    finally:
+                        if not first:
+                            first.append(perf_counter())
+
+                pieces = predict_isolating(run, x, cuts, self._isolation_budget)
+                own_s = first[0] - started
                 sound = True
                 if rejected_rows(pieces):  # the client's rows, or a broken model?
                     sound = self._reference.sound(x.shape[1], perf_counter(), check=not all(
@@ -451,7 +463,7 @@ class Batcher:
                 self._handed_out.clear()
                 try:
                     loop.call_soon_threadsafe(self._finish, segments, pieces, taken_at, seconds,
-                                              sound)
+                                              own_s, sound)
                 except RuntimeError:  # the event loop is closed: nobody waits for the answers
                     return
                 if not self._closed:  # close() sets _closed before _handed_out
@@ -474,7 +486,7 @@ class Batcher:
 
     def _finish(self, segments: list[Segment],
                 pieces: list[tuple[int, int, Outputs | BaseException]], taken_at: float,
-                seconds: float, sound: bool = True) -> None:
+                seconds: float, own_s: float, sound: bool = True) -> None:
         """Hand out a batch's answers, record it, and let the model thread go on (``sound``:
         see :meth:`_deliver`). Should that fail (a bug of ours), the batch's requests still
         waiting get a 500 at once rather than their deadlines' 504."""
@@ -484,7 +496,7 @@ class Batcher:
                 if start == 0 and not request.alone:  # its first rows' wait, once
                     self._observe_queue_wait(taken_at - request.arrival)
             self._deliver(segments, pieces, sound)
-            self._observe_batch(sum(stop - start for _, start, stop in segments), seconds)
+            self._observe_batch(sum(stop - start for _, start, stop in segments), seconds, own_s)
         except Exception as exc:
             logger.exception("handing out a batch's answers failed")
             for request, _, _ in segments:

@@ -149,8 +149,9 @@ class Totals:
 
     ``bounds_s`` are the latency histogram's upper bounds in seconds (inclusive, as Prometheus'
     ``le``), sorted. Failures of admitted requests and refusals are counted by reason slug.
-    Batches are counted with their model time in seconds (calls isolating failing requests
-    included), and apart those longer than ``slow_call_s`` (half the SLO: a request that waits
+    Batches are counted with the model's own time for their rows in seconds (the first call;
+    calls isolating a client's failing rows left out, so a client's poisoned rows never make a
+    fast model look slow, and a slow model is slow on that first call), and apart those longer than ``slow_call_s`` (half the SLO: a request that waits
     for one such batch and then runs in the next can miss the SLO with no queue at all; shorter
     batches miss it only by queueing). Small calls, of at most ``small_call_rows`` rows (half of
     ``maxBatchSize``), are counted apart too, with how many took longer than ``slo_s`` (the SLO
@@ -185,8 +186,8 @@ class Totals:
             self.failed[failure] = self.failed.get(failure, 0) + 1
 
     def call(self, seconds: float, rows: int) -> None:
-        """Count one batch of ``rows`` rows whose model time was ``seconds`` (calls isolating
-        failing requests included)."""
+        """Count one batch of ``rows`` rows whose model time was ``seconds`` (its first call's:
+        see the class docstring)."""
         self.calls += 1
         self.call_seconds += seconds
         if self.slow_call_s is not None and seconds > self.slow_call_s:

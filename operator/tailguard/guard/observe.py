@@ -103,8 +103,9 @@ class Observation:
     rows waiting per replica over the window. ``p99_ms``: the upper edge (ms) of the bucket
     holding the 99th percentile of admitted latencies (capped at the last finite bound), ``None``
     without admitted requests. ``calls``: batches finished in the window, ``slow_calls`` of them
-    with a model time longer than half the SLO; ``model_ms``: their mean model time (ms, calls
-    isolating failing requests included), ``None`` without calls. ``small_calls``: calls of at
+    with a model time longer than half the SLO; ``model_ms``: their mean model time (ms, the model's
+    own time for each batch's rows, without the calls isolating failing requests), ``None``
+    without calls. ``small_calls``: calls of at
     most half of ``maxBatchSize`` rows, ``small_calls_over_slo`` of them longer than the SLO.
     """
 

@@ -449,3 +449,30 @@ async def test_requests_the_budget_left_unisolated_run_alone_and_sound_ones_neve
         assert len(calls[0]) == 8 and len(calls) <= 1 + 7 + 8
         assert len(calls) > 1 + 7, "the budget should have run out and sent requests back"
         assert batcher.queue_depth == 0 and not batcher.in_flight
+
+
+async def test_the_guard_sees_the_models_own_time_not_the_isolation_of_a_clients_rows() -> None:
+    """Every call sleeps 20 ms; one poisoned request among five makes the batch bisect over
+    several calls. The metrics hook gets all the model time the batch cost, the SLO guard's
+    hook the first call's alone: a client's failing rows never make a fast model look slow."""
+    model = GatedModel()
+    seen: list[tuple[int, float, float]] = []
+
+    def slow(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        time.sleep(0.020)
+        return model(x)
+
+    async with started(slow, max_batch_size=16, max_wait_ms=0, max_queue_size=64,
+                       observe_batch=lambda rows, s, own: seen.append((rows, s, own))) as batcher:
+        blocker = await _busy(model, batcher)
+        rows = [_rows(1, 10 * i) for i in range(4)] + [np.array([[-1.0, 0.0]])]
+        tasks = [asyncio.create_task(batcher.submit(x, 30.0)) for x in rows]
+        await _wait_for(lambda: batcher.queue_depth == 5)
+        model.gate.set()
+        await blocker
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [isinstance(r, ModelFailed) for r in results] == [False] * 4 + [True]
+    rows_seen, total_s, own_s = seen[-1]
+    assert rows_seen == 5
+    assert total_s >= 3 * 0.020  # the first call, then bisection's (and the reference row's)
+    assert own_s < total_s / 2
