@@ -7,7 +7,7 @@ the cluster part, the operator gather the inputs, call it and apply the result; 
 needs (the automatic rollback in effect, the last action, when the guard was re-armed) is part
 of its input, kept by the caller where a restart finds it (``status.guard`` in the cluster).
 
-The rules (README, "The SLO guard"):
+The rules (docs/guard.md, "The rules"):
 
 * The guard judges the model, never its clients: a window counts only evidence the model
   controls. Left out, at the runtime (:data:`tailguard_runtime.stats.EXCLUDED_REASONS`): a

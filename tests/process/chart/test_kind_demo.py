@@ -168,7 +168,8 @@ def test_demo_runs_only_images_it_builds_and_the_docs_name() -> None:
 
 def test_readme_short_version_builds_and_loads_as_the_script_does() -> None:
     commands = demo_commands("up")
-    section = README[README.index("## On Kubernetes"):README.index("## Testing on real")]
+    start = README.index("## On Kubernetes")
+    section = README[start:README.index("\n## ", start)]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block is not None
     lines = [shlex.split(line, comments=True)
