@@ -3,8 +3,9 @@
 * **Malformed HTTP gets the protocol's JSON error.** A request the parser refuses (a bad or
   duplicate ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, bare LF line
   ends, an invalid URL) is answered ``400 {"error": "malformed HTTP request: ..."}`` with the
-  parser's reason, a request target over :data:`MAX_URL_BYTES` with 414, and the connection
-  is closed; uvicorn answers ``text/plain``. The answer is the one error writer's
+  parser's reason, a request target over :data:`MAX_URL_BYTES` with 414, a request head (or
+  its trailers) over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADER_FIELDS` with 431, and the
+  connection is closed; uvicorn answers ``text/plain``. The answer is the one error writer's
   (:func:`~tailguard_runtime.http.errors.raw_error`), and :meth:`JsonHttpProtocol.refused` is
   told of each refusal, for a subclass to count it.
 * **Upgrade requests are served as plain HTTP/1.1** (RFC 9110 §7.8: a server may ignore
@@ -54,6 +55,17 @@ MAX_URL_BYTES = 8192
 """Longest request target, in bytes (nginx's default header buffer, 8 KiB); a longer one is
 a 414 (every route of the runtime is well under 1 KiB)."""
 
+
+MAX_HEAD_BYTES = 65536
+"""Most bytes of a request that are not its body (request line, header fields, chunk framing,
+trailers), counted as they arrive: 64 KiB (Go's and Node's defaults are 1 MiB and 16 KiB; every
+client of the runtime sends well under 1 KiB). Past it, a 431 and the connection closes. The
+parser joins a header value across reads by copying, so an unbounded head cost time quadratic
+in its size on the event loop (one 16 MiB header value froze it for 15 s)."""
+MAX_HEADER_FIELDS = 100
+"""Most header fields of one request, trailers included (Apache's ``LimitRequestFields``
+default). Past it, a 431: the ASGI scope holds every field, and a request of 300,000 trailers
+was scanned on every slice of its body."""
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 """The interim answer uvicorn writes before the response, for ``Expect: 100-continue``."""
@@ -113,6 +125,11 @@ class UrlTooLong(Exception):
     """The request target grew past :data:`MAX_URL_BYTES` (raised inside the parser)."""
 
 
+class TooManyFields(Exception):
+    """A request's header fields (trailers included) passed :data:`MAX_HEADER_FIELDS` (raised
+    inside the parser)."""
+
+
 class JsonHttpProtocol(HttpToolsProtocol):
     """``HttpToolsProtocol`` whose parse errors are JSON and which ignores ``Upgrade``.
 
@@ -122,6 +139,14 @@ class JsonHttpProtocol(HttpToolsProtocol):
     replay: bytes | None = None
     """The head of an upgrade request without its upgrade headers, waiting for the parser to
     stop at the upgrade point; ``None`` otherwise."""
+    fed = 0
+    """Bytes given to the parser on this connection."""
+    body_bytes = 0
+    """Of them, body bytes (``on_body``)."""
+    overhead_mark = 0
+    """``fed - body_bytes`` when the last request ended: what came after is the next one's."""
+    fields = 0
+    """Header fields of the current request, trailers included."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """uvicorn's ``connection_made`` (0.54), with ``server`` and ``client`` read from the
@@ -147,6 +172,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
+        self.fed += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -156,8 +182,28 @@ class JsonHttpProtocol(HttpToolsProtocol):
             if isinstance(cause, UrlTooLong):
                 self.send_error(MalformedHttp(
                     f"the request target exceeds {MAX_URL_BYTES} bytes", 414))
+            elif isinstance(cause, TooManyFields):
+                self.send_error(MalformedHttp(
+                    f"more than {MAX_HEADER_FIELDS} header fields (trailers included)", 431))
             else:
                 self.send_error(MalformedHttp(f"malformed HTTP request: {cause or exc}"))
+            return
+        # checked after each read: the parser holds at most one read past the limit
+        if (self.fed - self.body_bytes - self.overhead_mark > MAX_HEAD_BYTES
+                and not self.transport.is_closing()):
+            self.send_error(MalformedHttp(
+                f"the request head exceeds {MAX_HEAD_BYTES} bytes (trailers and chunk framing "
+                "included)", 431))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.fields = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields += 1
+        if self.fields > MAX_HEADER_FIELDS:
+            raise TooManyFields()
+        super().on_header(name, value)
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -170,6 +216,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
         head, self.replay = self.replay, None
         if head is None:  # CONNECT: already answered
             return
+        self.fed -= len(rest)  # counted when it first arrived; fed again below
         self.parser = httptools.HttpRequestParser(self)
         self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
         self.data_received(head + rest)
@@ -198,10 +245,12 @@ class JsonHttpProtocol(HttpToolsProtocol):
         self.replay = b"".join(lines) + b"\r\n"
 
     def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
         if self.replay is None:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self.overhead_mark = self.fed - self.body_bytes
         if self.replay is None and self.cycle is not None:  # None: a first request refused
             super().on_message_complete()
 

@@ -8,8 +8,10 @@ POST with an empty body, and ran a body cut short by the client through the mode
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +25,7 @@ from harness.runtime import (
     probe_rows,
     probe_runtime,
     raw_exchange,
+    read_response,
     scrape,
     v1_body,
 )
@@ -44,6 +47,12 @@ def _post_head(length: int, *extra: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+def _chunked_head(*extra: str) -> bytes:
+    lines = [f"POST {V1} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
+             "Transfer-Encoding: chunked", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
 BODY = json.dumps(v1_body(probe_rows(2, seed=5))).encode()
 
 MALFORMED = {
@@ -58,6 +67,13 @@ MALFORMED = {
     "100-kb-path": (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414,
                     "exceeds 8192 bytes"),
     "connect": (b"CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1:80\r\n\r\n", 405, "CONNECT"),
+    "1-mib-header-value": (_post_head(len(BODY), "X-Big: " + "a" * (1 << 20)) + BODY, 431,
+                           "the request head exceeds 65536 bytes"),
+    "101-header-fields": (_post_head(len(BODY), *(f"X-F{i}: 1" for i in range(98))) + BODY, 431,
+                          "more than 100 header fields"),
+    "200-trailers": (_chunked_head() + b"%x\r\n%s\r\n0\r\n" % (len(BODY), BODY)
+                     + b"".join(b"X-T%d: 1\r\n" % i for i in range(200)) + b"\r\n", 431,
+                     "more than 100 header fields (trailers included)"),
 }
 
 
@@ -73,6 +89,63 @@ def test_malformed_http_gets_a_json_error_and_the_connection_closes(
     assert set(doc) == {"error"} and needle in doc["error"], doc
     with server.client() as client:  # and the server is fine
         assert client.get("/v2/health/live").status_code == 200
+
+
+def test_heads_and_bodies_within_the_limits_are_served(wire: tuple[RuntimeServer, Any]) -> None:
+    """100 header fields; 60 KB of header values; a body of 200 rows sent in 100-byte chunks
+    (its chunk framing counts toward the head's 64 KiB, and stays far under it)."""
+    server, _ = wire
+    fields = _post_head(len(BODY), *(f"X-F{i}: 1" for i in range(97))) + BODY
+    values = _post_head(len(BODY), *(f"X-V{i}: {'v' * 6000}" for i in range(10))) + BODY
+    rows = json.dumps(v1_body(probe_rows(200, seed=6))).encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(rows[i:i + 100]), rows[i:i + 100])
+                      for i in range(0, len(rows), 100))
+    chunked = _chunked_head() + chunks + b"0\r\n\r\n"
+    for request in (fields, values, chunked):
+        got, _, body = raw_exchange(server.port, request)
+        assert got == 200, body
+
+
+def test_a_16_mib_header_is_cut_off_while_a_good_client_is_served(
+        wire: tuple[RuntimeServer, Any]) -> None:
+    """The server answers 431 and closes once the head passes 64 KiB, long before the client
+    has sent it all; a good client on another connection gets every answer meanwhile."""
+    server, _ = wire
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def good() -> None:
+        with server.client() as client:
+            while not stop.is_set():
+                answers.append(client.post(V1, content=BODY).status_code)
+
+    thread = threading.Thread(target=good)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not answers and time.monotonic() < deadline:  # the good client is under way
+            time.sleep(0.01)
+        sent = 0
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(_post_head(len(BODY))[:-2])  # the head, still open
+            value = b"X-Huge: " + b"a" * (1 << 16)
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                sock.sendall(value)
+                sent += len(value)
+                while sent < 16 << 20:
+                    sock.sendall(b"a" * (1 << 16))
+                    sent += 1 << 16
+            got, headers, body = read_response(sock)
+        before = len(answers)
+        while len(answers) < before + 5 and time.monotonic() < deadline:  # and goes on
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert got == 431 and headers["connection"] == "close", body
+    assert "exceeds 65536 bytes" in json.loads(body)["error"]
+    assert sent < 16 << 20  # refused before it was all sent
+    assert answers and set(answers) == {200}, answers
 
 
 def test_an_h2c_upgrade_is_served_as_http11_with_its_body(wire: tuple[RuntimeServer, Any]) -> None:
