@@ -38,6 +38,7 @@ from tailguard_runtime.errors import (
     NotReady,
     Overloaded,
     PayloadTooLarge,
+    RouteError,
     TailguardError,
 )
 from tailguard_runtime.http.browsers import browser_refusal
@@ -135,6 +136,14 @@ class InferenceApp:
                 and scope["method"] in ("GET", "HEAD"):
             await self._health(send, scope["path"] == "/v2/health/ready",
                                scope["method"] == "HEAD")
+            return
+        elif scope["type"] == "http" and _inference_path(scope["path"]):
+            # the route exists, for POST only (RFC 9110 §15.5.6); the body is never read
+            start, answer = asgi_error(RouteError(
+                f"{scope['method']} is not allowed here: inference takes POST", 405,
+                [(b"allow", b"POST")]), close=True)
+            await send(start)
+            await send(answer)
             return
         await self.fallthrough(scope, receive, send)
 
@@ -359,10 +368,18 @@ DEADLINE_REASONS = frozenset(("deadline_exceeded", "deadline"))
 """A 504 for a passed deadline, and a 429 for a deadline the queue cannot meet."""
 
 
+def _inference_path(path: str) -> bool:
+    """Whether ``path`` is an inference route (v2 ``.../infer``, v1 ``...:predict``)."""
+    return ((path.startswith("/v2/models/") and path.endswith("/infer"))
+            or (path.startswith("/v1/models/") and path.endswith(":predict")))
+
+
 def build_app(runtime: Runtime) -> InferenceApp:
     """The full ASGI app for ``runtime``: the lean inference path in front of FastAPI."""
+    # redirect_slashes off: Starlette answered ``GET /v2/`` with a 307 whose Location copied
+    # the request's Host, whoever sent it; a path is served as written or is a 404
     api = FastAPI(title="tailguard runtime", version=__version__, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, redirect_slashes=False)
 
     async def _error(_: Request, exc: Exception) -> Response:
         # Exception: a bug of ours, answered in the same shape (Starlette still logs it)

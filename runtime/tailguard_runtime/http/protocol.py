@@ -3,7 +3,8 @@
 * **Malformed HTTP gets the protocol's JSON error.** A request the parser refuses (a bad or
   duplicate ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, bare LF line
   ends, an invalid URL) is answered ``400 {"error": "malformed HTTP request: ..."}`` with the
-  parser's reason, a request target over :data:`MAX_URL_BYTES` with 414, a request head (or
+  parser's reason (and an HTTP/1.1 request without exactly one ``Host``, as RFC 9112 §3.2
+  requires), a request target over :data:`MAX_URL_BYTES` with 414, a request head (or
   its trailers) over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADER_FIELDS` with 431, and the
   connection is closed; uvicorn answers ``text/plain``. The answer is the one error writer's
   (:func:`~tailguard_runtime.http.errors.raw_error`), and :meth:`JsonHttpProtocol.refused` is
@@ -125,6 +126,10 @@ class UrlTooLong(Exception):
     """The request target grew past :data:`MAX_URL_BYTES` (raised inside the parser)."""
 
 
+class BadHost(Exception):
+    """An HTTP/1.1 request without exactly one ``Host`` field (raised inside the parser)."""
+
+
 class TooManyFields(Exception):
     """A request's header fields (trailers included) passed :data:`MAX_HEADER_FIELDS` (raised
     inside the parser)."""
@@ -182,6 +187,9 @@ class JsonHttpProtocol(HttpToolsProtocol):
             if isinstance(cause, UrlTooLong):
                 self.send_error(MalformedHttp(
                     f"the request target exceeds {MAX_URL_BYTES} bytes", 414))
+            elif isinstance(cause, BadHost):
+                self.send_error(MalformedHttp(
+                    "an HTTP/1.1 request needs exactly one Host header (RFC 9112 section 3.2)"))
             elif isinstance(cause, TooManyFields):
                 self.send_error(MalformedHttp(
                     f"more than {MAX_HEADER_FIELDS} header fields (trailers included)", 431))
@@ -222,6 +230,9 @@ class JsonHttpProtocol(HttpToolsProtocol):
         self.data_received(head + rest)
 
     def on_headers_complete(self) -> None:
+        if (sum(1 for name, _ in self.headers if name == b"host") != 1
+                and self.parser.get_http_version() != "1.0"):
+            raise BadHost()
         if not self.parser.should_upgrade():
             super().on_headers_complete()
             # the cycle uses write, close and is_closing; OneWriteResponse has them

@@ -67,6 +67,9 @@ MALFORMED = {
     "100-kb-path": (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414,
                     "exceeds 8192 bytes"),
     "connect": (b"CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1:80\r\n\r\n", 405, "CONNECT"),
+    "no-host": (b"GET /v2/health/live HTTP/1.1\r\n\r\n", 400, "exactly one Host header"),
+    "two-hosts": (b"GET /v2/health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400,
+                  "exactly one Host header"),
     "1-mib-header-value": (_post_head(len(BODY), "X-Big: " + "a" * (1 << 20)) + BODY, 431,
                            "the request head exceeds 65536 bytes"),
     "101-header-fields": (_post_head(len(BODY), *(f"X-F{i}: 1" for i in range(98))) + BODY, 431,
@@ -89,6 +92,23 @@ def test_malformed_http_gets_a_json_error_and_the_connection_closes(
     assert set(doc) == {"error"} and needle in doc["error"], doc
     with server.client() as client:  # and the server is fine
         assert client.get("/v2/health/live").status_code == 200
+
+
+def test_routes_answer_as_written_never_by_redirect_and_inference_takes_post_only(
+        wire: tuple[RuntimeServer, Any]) -> None:
+    """``GET /v2/`` was a 307 whose ``Location`` copied a foreign ``Host``; a GET on an
+    inference route was a 404. An HTTP/1.0 request may omit ``Host``."""
+    server, _ = wire
+    got, headers, body = raw_exchange(
+        server.port, b"GET /v2/ HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+    assert got == 404 and "location" not in headers, (got, headers)
+    for path in (f"/v2/models/{NAME}/infer", V1):
+        got, headers, body = raw_exchange(
+            server.port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        assert got == 405 and headers["allow"] == "POST", (got, body)
+        assert "inference takes POST" in json.loads(body)["error"]
+    got, _, body = raw_exchange(server.port, b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+    assert got == 200, body
 
 
 def test_heads_and_bodies_within_the_limits_are_served(wire: tuple[RuntimeServer, Any]) -> None:
