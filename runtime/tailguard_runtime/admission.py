@@ -87,6 +87,11 @@ def admit(*, n_rows: int, queued_rows: int, max_queue_size: int, max_batch_size:
                          "deadline")
 
 
+REFUSAL_BURST_S = 5.0
+"""A connection's refusal bucket holds this many seconds of its refill rate: 10 refusals at
+the default 2 a second, enough for a client's burst of mistakes to be answered at once."""
+
+
 @dataclass
 class RefusalPacer:
     """How long to hold a refusal (a 4xx for the client's own request) before answering it.

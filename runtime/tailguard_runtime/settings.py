@@ -69,11 +69,13 @@ class ConnectionSettings:
     max_pipelined: int = 16
     """``maxPipelinedRequests``: most requests one connection may have parsed and unanswered;
     past it the server stops reading from that connection until answers go out."""
-    refusals_per_s: float = 50.0
+    refusals_per_s: float = 2.0
     """``refusalsPerSecond``: refusals (4xx answers to a client's own request: a body too
-    large, invalid rows, an unknown model) answered at once, per second, over the whole
-    process, with a burst of as many; past it each is answered after ``refusal_delay_s``
-    (:class:`~tailguard_runtime.admission.RefusalPacer`)."""
+    large, invalid rows, an unknown model) answered at once, per second, per connection, with
+    a burst of :data:`~tailguard_runtime.admission.REFUSAL_BURST_S` seconds' worth (10 by
+    default); past it each is answered after ``refusal_delay_s``
+    (:class:`~tailguard_runtime.admission.RefusalPacer`). Per connection, so one client's
+    refusals never delay another's first mistake."""
     refusal_delay_s: float = 0.25
     """``refusalDelaySeconds``: how long a refusal past ``refusals_per_s`` waits before its
     answer; a client sending refused requests back to back gets about four answers a second

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Any, Awaitable, Callable, MutableMapping
@@ -27,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tailguard_runtime import __version__
-from tailguard_runtime.admission import RefusalPacer
+from tailguard_runtime.admission import REFUSAL_BURST_S, RefusalPacer
 from tailguard_runtime.errors import (
     BodyTimeout,
     Draining,
@@ -77,6 +78,10 @@ INLINE_DECODE_BYTES = 64 * 1024
 cost); larger or compressed ones in the decode thread, so one big body never holds the loop
 for its whole parse (the decode times are in ``benchmarks/README.md``, "Figures cited by the
 runtime's docstrings")."""
+MAX_PACED_CONNECTIONS = 4096
+"""Refusal buckets kept (one per connection that was refused, most recent last); past it the
+oldest goes, and its connection starts again with a full bucket."""
+
 UNPACED = (BodyTimeout, IncompleteBody, Overloaded)
 """4xx answers never delayed by the :class:`RefusalPacer`: a slow or cut-off body (the client
 is gone or its connection is closed), and 429 (load shedding, not the client's fault)."""
@@ -110,9 +115,9 @@ class InferenceApp:
         self.headers = {role: (JSON_HEADERS + s.headers, CLOSING_HEADERS + s.headers)
                         for role, s in runtime.models.items()}
         """Per role: the reply headers with keep-alive, and with ``Connection: close``."""
-        limits = runtime.settings.connections
-        self.pacer = RefusalPacer(limits.refusals_per_s, limits.refusals_per_s,
-                                  limits.refusal_delay_s)
+        self.pacers: OrderedDict[Any, RefusalPacer] = OrderedDict()
+        """One refusal bucket per connection (by the client's address and port), the most
+        recently refused last; at most :data:`MAX_PACED_CONNECTIONS` are kept."""
         self._count_delayed = REFUSALS_DELAYED.labels(runtime.name).inc
         self.allowed_origins = frozenset(o.encode() for o in runtime.settings.allowed_origins)
         """``Origin`` values served (:mod:`tailguard_runtime.http.browsers`)."""
@@ -238,7 +243,8 @@ class InferenceApp:
         except TailguardError as exc:
             await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
                              close=isinstance(exc, PayloadTooLarge) and body is None,
-                             timeout_s=timeout_s if served is not None else None)
+                             timeout_s=timeout_s if served is not None else None,
+                             client=scope.get("client"))
             return
         except Exception as exc:  # a bug of ours: answer 500, keep serving
             logger.exception("unexpected error serving %s", scope["path"])
@@ -322,22 +328,40 @@ class InferenceApp:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def _pacer(self, client: Any) -> RefusalPacer:
+        """The refusal bucket of the connection ``client`` (ASGI ``scope["client"]``:
+        ``(host, port)``), made full on its first refusal; the oldest is dropped past
+        :data:`MAX_PACED_CONNECTIONS`."""
+        pacer = self.pacers.get(client)
+        if pacer is None:
+            limits = self.runtime.settings.connections
+            pacer = RefusalPacer(limits.refusals_per_s, limits.refusals_per_s * REFUSAL_BURST_S,
+                                 limits.refusal_delay_s)
+            self.pacers[client] = pacer
+            if len(self.pacers) > MAX_PACED_CONNECTIONS:
+                self.pacers.popitem(last=False)
+        else:
+            self.pacers.move_to_end(client)
+        return pacer
+
     async def _fail(self, send: Send, resolved: ServedModel | None, served: ServedModel | None,
                     exc: TailguardError, arrival: float, now: float, admitted: bool,
-                    close: bool = False, timeout_s: float | None = None) -> None:
+                    close: bool = False, timeout_s: float | None = None,
+                    client: Any = None) -> None:
         """Answer ``exc``; ``resolved`` is the role the request reached (its identity headers
         go on the reply), ``served`` the same once the request passed readiness (its metrics
         count the reply). ``close``: end the connection after the reply; for a body refused
         unread, since keeping the connection means receiving and discarding all of it (16 MiB
-        bodies sent back to back took most of a core). A 4xx past the refusal budget is
-        answered late (:class:`~tailguard_runtime.admission.RefusalPacer`); its metrics and
+        bodies sent back to back took most of a core). A 4xx past the refusal budget of its
+        connection ``client`` is answered late
+        (:class:`~tailguard_runtime.admission.RefusalPacer`); its metrics and
         stats count from ``now``, as if it had been answered at once. What the SLO guard may
         not judge is left out of the stats (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`):
         a 422 for rows the model rejected, and a 504 or deadline refusal whose deadline
         ``timeout_s`` (s) the client shortened below the SLO."""
         runtime = self.runtime
         if 400 <= exc.status_code < 500 and not isinstance(exc, UNPACED):
-            delay_s = self.pacer.delay(now)
+            delay_s = self._pacer(client).delay(now)
             if delay_s:
                 self._count_delayed()
                 await asyncio.sleep(delay_s)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from harness.runtime import RuntimeServer, batching, error_of, running_runtime, scrape
+from tailguard_runtime.admission import REFUSAL_BURST_S
 from tailguard_runtime.http.pool import EXPIRE_BATCH
 from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS
 
@@ -539,6 +540,33 @@ def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
+    """iris with 1 refusal a second per connection (a bucket of 5), the rest after 0.5 s."""
+    config = {"name": "iris",
+              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
+              "batching": batching(max_batch_size=8, timeout_ms=10_000),
+              "connections": {"refusalsPerSecond": 1, "refusalDelaySeconds": 0.5}}
+    with running_runtime(config, tmp_path_factory.mktemp("strict")) as server:
+        yield server
+
+
+def test_one_connections_refusals_never_delay_anothers_first_mistake(
+        strict: RuntimeServer) -> None:
+    """The refusal budget is per connection: one connection spends its own bucket and more,
+    and the next connection's first refusal is answered at once (the delayed counter does not
+    move for it). The budget was per process: an attacker's refusals delayed everyone's."""
+    key = ("tailguard_refusals_delayed_total", (("model", "iris"),))
+    with strict.client(timeout=30) as attacker:
+        for _ in range(10):  # its bucket of 5, then 5 more: at least 4 wait
+            assert attacker.post(IRIS_V1, content=b'{"instances": [[1, 2,').status_code == 400
+        delayed = scrape(attacker)[key]
+    assert delayed >= 4
+    with strict.client(timeout=30) as other:
+        assert other.post(IRIS_V1, content=b'{"instances": [[1, 2,').status_code == 400
+        assert scrape(other)[key] == delayed
+
+
 def test_requests_refused_back_to_back_are_answered_at_the_refusal_pace(
         paced: RuntimeServer) -> None:
     """Each refusal is cheap, but two clients sending gzip bombs back to back were answered
@@ -571,8 +599,9 @@ def test_requests_refused_back_to_back_are_answered_at_the_refusal_pace(
             thread.join(timeout=30)
     elapsed = time.monotonic() - started
     assert set(answers) == {400}
-    # the budget and its refill answer at once; past it, each connection one per delay
-    at_once = REFUSALS_PER_S * (1 + elapsed)
+    # per connection: its bucket (5 s of refill) and the refill answer at once; past it,
+    # one answer per delay
+    at_once = 2 * REFUSALS_PER_S * (REFUSAL_BURST_S + elapsed)
     assert len(answers) <= at_once + 2 * (elapsed / REFUSAL_DELAY_S + 1), (len(answers), elapsed)
     with paced.client() as client:
         delayed = scrape(client)[("tailguard_refusals_delayed_total", (("model", "iris"),))]
