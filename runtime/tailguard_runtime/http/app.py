@@ -150,7 +150,32 @@ class InferenceApp:
             await send(start)
             await send(answer)
             return
+        if scope["type"] == "http" and _has_body(scope):
+            await self._fallthrough_closing(scope, receive, send)
+            return
         await self.fallthrough(scope, receive, send)
+
+    async def _fallthrough_closing(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The FastAPI routes, for a request that has a body: an answer given without reading
+        all of it (an unknown path's 404, a 405) closes the connection, since keeping it
+        means receiving and discarding the rest (one connection stating a body of 10**12
+        bytes was read for gigabytes). A route that reads its body keeps the connection."""
+        read_all = False
+
+        async def tracking_receive() -> Message:
+            nonlocal read_all
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                read_all = True
+            return message
+
+        async def closing_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and not read_all:
+                message = {**message, "headers": [*message.get("headers", []),
+                                                   (b"connection", b"close")]}
+            await send(message)
+
+        await self.fallthrough(scope, tracking_receive, closing_send)
 
     async def _refuse_browser(self, send: Send, refused: TailguardError) -> None:
         """Answer a web page's request 403 without reading it, and count it under the active
@@ -242,7 +267,7 @@ class InferenceApp:
                 payload = encode_v1(outputs[0])
         except TailguardError as exc:
             await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
-                             close=isinstance(exc, PayloadTooLarge) and body is None,
+                             close=body is None and _has_body(scope),
                              timeout_s=timeout_s if served is not None else None,
                              client=scope.get("client"))
             return
@@ -390,6 +415,15 @@ class InferenceApp:
 
 DEADLINE_REASONS = frozenset(("deadline_exceeded", "deadline"))
 """A 504 for a passed deadline, and a 429 for a deadline the queue cannot meet."""
+
+
+def _has_body(scope: Scope) -> bool:
+    """Whether the request says a body follows (a ``Content-Length`` above 0, or any
+    ``Transfer-Encoding``)."""
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return True
+    return False
 
 
 def _inference_path(path: str) -> bool:

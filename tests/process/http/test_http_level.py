@@ -111,6 +111,26 @@ def test_routes_answer_as_written_never_by_redirect_and_inference_takes_post_onl
     assert got == 200, body
 
 
+@pytest.mark.parametrize("path", ["/v2/models/nope/infer", "/v2/nope"], ids=["unknown-model",
+                                                                             "unknown-path"])
+def test_a_body_refused_before_it_is_read_is_never_read(
+        wire: tuple[RuntimeServer, Any], path: str) -> None:
+    """A 404 for a request that states a body of 10**12 bytes closes the connection at once:
+    the server read gigabytes of such a body, answered or not, to find the next request."""
+    server, _ = wire
+    sent = 0
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {10 ** 12}\r\n\r\n".encode())
+        got, headers, body = read_response(sock)
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            while sent < 64 << 20:  # the server closed: the kernel refuses long before this
+                sock.sendall(b"x" * (1 << 16))
+                sent += 1 << 16
+    assert got == 404 and headers["connection"] == "close", (got, headers, body)
+    assert sent < 64 << 20
+
+
 def test_heads_and_bodies_within_the_limits_are_served(wire: tuple[RuntimeServer, Any]) -> None:
     """100 header fields; 60 KB of header values; a body of 200 rows sent in 100-byte chunks
     (its chunk framing counts toward the head's 64 KiB, and stays far under it)."""
