@@ -329,7 +329,12 @@ class InferenceApp:
             IncompleteBody: the client closed (or half-closed) before the whole body arrived;
                 a part of a body is never run.
         """
-        message = await receive()
+        try:  # the wait for the first part too: a body that never starts has the same deadline
+            async with asyncio.timeout(max(deadline - perf_counter(), 0)):
+                message = await receive()
+        except TimeoutError:
+            raise BodyTimeout("the request body did not arrive within the request's "
+                              "deadline") from None
         if message["type"] == "http.disconnect":
             raise IncompleteBody(INCOMPLETE)
         body: bytes = message.get("body", b"")

@@ -83,6 +83,22 @@ def test_a_request_waiting_longer_than_the_keep_alive_timeout_is_answered(
         assert second.extensions["network_stream"].get_extra_info("client_addr")[1] == port
 
 
+def test_a_body_that_never_starts_is_cut_off_at_the_requests_own_deadline(
+        waiting_server: RuntimeServer) -> None:
+    """A head stating a body, then nothing: the request's own deadline (300 ms here) covers
+    the wait for the first body byte; it was held to the connection's 30 s body deadline."""
+    with socket.create_connection(("127.0.0.1", waiting_server.port), timeout=30) as sock:
+        sock.sendall(b"POST " + V1.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"X-Request-Timeout-Ms: 300\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n")
+        started = time.monotonic()
+        status, headers, body = read_response(sock)
+        elapsed = time.monotonic() - started
+    assert status == 408, body
+    assert "did not arrive within the request's deadline" in json.loads(body)["error"]
+    assert elapsed < 10.0  # the deadline is 300 ms; the connection's own is 30 s
+
+
 def test_a_dribbled_body_is_cut_off_at_the_deadline_and_not_counted_as_latency(
         waiting_server: RuntimeServer) -> None:
     """A client that uploads its body slowly once held its handler for as long as it liked,
