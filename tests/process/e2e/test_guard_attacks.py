@@ -88,8 +88,10 @@ def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path:
     # and the guard says what it left out, window by window
     excluded = sum(w["observed"].get("excluded", {}).get("short_deadline", 0) for w in windows)
     assert excluded >= 0.8 * sum(attacker.codes.values()), (excluded, attacker.codes)
-    # as does the stats route's sliding window
-    assert live["excluded"].get("short_deadline", 0) > 0 and live["judged"] >= live["samples"] > 0, live
+    # as does the stats route's sliding window (read while the attacker still sends; the good
+    # client's load may have ended a moment before, so its window can hold no samples)
+    assert live["excluded"].get("short_deadline", 0) > 0, live
+    assert live["judged"] >= live["samples"], live
 
 
 def test_tiny_deadlines_never_stop_a_broken_primary_from_being_rolled_back(
