@@ -51,6 +51,7 @@ from tailguard_runtime.service import Runtime, ServedModel
 from tailguard_runtime.wire import (
     V2Request,
     check_stated_size,
+    check_structure,
     decode_v1,
     decode_v2,
     decompress,
@@ -305,11 +306,12 @@ class InferenceApp:
         bodies and in the decode thread otherwise.
 
         Raises:
-            InvalidInput, PayloadTooLarge: as :func:`decompress`, :func:`decode_v2`,
-                :func:`decode_v1` and :func:`check_input_range` do.
+            InvalidInput, PayloadTooLarge: as :func:`decompress`, :func:`check_structure`,
+                :func:`decode_v2`, :func:`decode_v1` and :func:`check_input_range` do.
         """
         if encoding is not None:
             body = decompress(body, encoding, self.max_body)
+        check_structure(body, self.max_rows)
         if v2:
             request = decode_v2(body, predictor.n_features, predictor.output_names, self.max_rows)
             check_input_range(request.x, predictor, "inputs[0]")

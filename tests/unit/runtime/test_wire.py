@@ -189,3 +189,21 @@ def test_v2_answer_carries_its_parameters() -> None:
                                  {"role": "primary", "model_uri": "builtin://iris/random-forest"}))
     assert doc["model_version"] == "3"
     assert doc["parameters"] == {"role": "primary", "model_uri": "builtin://iris/random-forest"}
+
+
+def test_a_body_of_more_arrays_than_rows_is_refused_before_parsing() -> None:
+    """One array per row plus some slack passes (v1 instances, v2 nested data at the row
+    limit); 1.6 MB of arrays nested 500 deep is refused by the count, not parsed."""
+    from tailguard_runtime.wire import STRUCTURE_SLACK, check_structure
+
+    rows = [[float(i), 1.0] for i in range(512)]
+    check_structure(orjson.dumps({"instances": rows}), max_rows=512)
+    check_structure(orjson.dumps({"inputs": [{"name": "x", "shape": [512, 2], "datatype": "FP64",
+                                              "data": rows}], "outputs": [{"name": "label"}]}),
+                    max_rows=512)
+    nest = b"[" * 499 + b"]" * 499
+    bomb = b'{"instances": [' + b",".join([nest] * 1600) + b"]}"
+    with pytest.raises(InvalidInput) as info:
+        check_structure(bomb, max_rows=512)
+    assert info.value.status_code == 400
+    assert f"holds at most {512 + STRUCTURE_SLACK}" in info.value.message
