@@ -206,4 +206,9 @@ def test_a_body_of_more_arrays_than_rows_is_refused_before_parsing() -> None:
     with pytest.raises(InvalidInput) as info:
         check_structure(bomb, max_rows=512)
     assert info.value.status_code == 400
-    assert f"holds at most {512 + STRUCTURE_SLACK}" in info.value.message
+    assert "a request of at most 512 rows (maxQueueSize) holds about one per row" in \
+        info.value.message
+    too_many_rows = orjson.dumps({"instances": rows * 2})  # parsed: its own 413 names the rows
+    check_structure(too_many_rows, max_rows=512)
+    with pytest.raises(InvalidInput):
+        check_structure(b"[" * (2 * 512 + STRUCTURE_SLACK + 1), max_rows=512)
