@@ -54,6 +54,11 @@ class ConnectionSettings:
     """``maxConnections``: most open client connections; past it the longest-idle one is closed
     (or, with every connection busy, the new one gets 503). ``None``: the process's open-file
     limit minus 128."""
+    max_connections_per_address: int | None = None
+    """``maxConnectionsPerAddress``: most open connections from one client address; past it a
+    new one from that address gets 503 at once, whatever the others do. ``None``: a quarter of
+    ``max_connections`` (at least 16), so one address cannot fill the cap and leave the
+    kubelet's probes and every other client a 503."""
     keep_alive_s: float = 30.0
     """``keepAliveSeconds``: an idle connection (just opened, or between requests) is closed
     after this many seconds."""
@@ -91,6 +96,8 @@ class ConnectionSettings:
         made = cls(
             max_connections=(None if raw.get("maxConnections") is None
                              else int(raw["maxConnections"])),
+            max_connections_per_address=(None if raw.get("maxConnectionsPerAddress") is None
+                                         else int(raw["maxConnectionsPerAddress"])),
             keep_alive_s=float(raw.get("keepAliveSeconds", cls.keep_alive_s)),
             request_head_timeout_s=float(raw.get("requestHeadTimeoutSeconds",
                                                  cls.request_head_timeout_s)),
@@ -104,6 +111,8 @@ class ConnectionSettings:
         )
         for key, value in (("maxConnections", 1 if made.max_connections is None
                             else made.max_connections),
+                           ("maxConnectionsPerAddress", 1 if made.max_connections_per_address
+                            is None else made.max_connections_per_address),
                            ("keepAliveSeconds", made.keep_alive_s),
                            ("requestHeadTimeoutSeconds", made.request_head_timeout_s),
                            ("requestBodyTimeoutSeconds", made.request_body_timeout_s),
@@ -122,7 +131,9 @@ class ConnectionSettings:
                 if getattr(self, attr) is not None}
 
 
-_CONNECTION_KEYS = (("maxConnections", "max_connections"), ("keepAliveSeconds", "keep_alive_s"),
+_CONNECTION_KEYS = (("maxConnections", "max_connections"),
+                    ("maxConnectionsPerAddress", "max_connections_per_address"),
+                    ("keepAliveSeconds", "keep_alive_s"),
                     ("requestHeadTimeoutSeconds", "request_head_timeout_s"),
                     ("requestBodyTimeoutSeconds", "request_body_timeout_s"),
                     ("sendStallTimeoutSeconds", "send_stall_timeout_s"),

@@ -106,12 +106,24 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
         self._unread_since = 0.0
         self._fd: int | None = None  # the socket's, looked up when first needed
         self._body_seen = 0  # bytes of the current request's body parsed so far
+        self._address: str | None = None  # the client's address, counted in the pool
 
     # -- connections ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         pool = self.pool
+        self._address = self.client[0] if self.client else None
+        if self._address is not None and not pool.joined(self._address):
+            # its share is full: room is made among its own connections, whatever the others
+            # hold; with every one of them busy, it gets 503
+            victim = pool.victim_from(self._address, self)
+            if victim is None:
+                self._answer(pool.address_full)
+                pool.closed(self, "refused", self.loop.time())
+                return
+            victim.transport.close()
+            pool.closed(victim, "evicted", self.loop.time())
         pool.mark_idle(self)
         self._idle_deadline = self.loop.time() + pool.keep_alive_s
         if len(self.connections) > pool.max_connections:
@@ -142,6 +154,8 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
         self.pool.refused(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._address is not None:
+            self.pool.left(self._address)
         self.pool.unmark_idle(self)
         self._cancel_timers()
         self._held = b""

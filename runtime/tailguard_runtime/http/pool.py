@@ -142,6 +142,14 @@ class ConnectionPool:
                                      f"{self.body_timeout_s:g} s")
         self.full = TooManyConnections(f"too many open connections ({self.max_connections}), "
                                        "all of them busy")
+        self.max_per_address = (settings.max_connections_per_address
+                                or max(16, self.max_connections // 4))
+        self.address_full = TooManyConnections(
+            f"too many open connections from this address ({self.max_per_address})")
+        self.by_address: dict[str, int] = {}
+        """Open connections per client address (only addresses holding one or more)."""
+        self.idle_by_address: dict[str, dict[BoundedHttpToolsProtocol, None]] = {}
+        """The idle ones among them, longest idle first, for eviction within a share."""
         self.sweep_s = min(SWEEP_MAX_S, max(SWEEP_MIN_S, min(
             self.keep_alive_s, self.head_timeout_s, self.body_timeout_s) / 4))
         self.fresh: dict[BoundedHttpToolsProtocol, None] = {}
@@ -157,17 +165,51 @@ class ConnectionPool:
         self._count_refusal = count_refusal
         self._tally = EventTally()
 
+    # -- the share of one address -------------------------------------------------------------
+
+    def joined(self, address: str) -> bool:
+        """Count a new connection from ``address``; False when that puts the address past its
+        share (the caller refuses the connection, and still calls :meth:`left`)."""
+        count = self.by_address.get(address, 0) + 1
+        self.by_address[address] = count
+        return count <= self.max_per_address
+
+    def left(self, address: str) -> None:
+        """A connection from ``address`` closed."""
+        count = self.by_address.get(address, 0) - 1
+        if count > 0:
+            self.by_address[address] = count
+        else:
+            self.by_address.pop(address, None)
+
     # -- eviction at the cap ------------------------------------------------------------------
 
     def mark_idle(self, conn: BoundedHttpToolsProtocol) -> None:
         """Queue ``conn`` for eviction, behind those idle longer."""
-        self.fresh.pop(conn, None)
-        self.served.pop(conn, None)
+        self.unmark_idle(conn)
         (self.served if conn._served else self.fresh)[conn] = None
+        if conn._address is not None:
+            self.idle_by_address.setdefault(conn._address, {})[conn] = None
 
     def unmark_idle(self, conn: BoundedHttpToolsProtocol) -> None:
         self.fresh.pop(conn, None)
         self.served.pop(conn, None)
+        idle = self.idle_by_address.get(conn._address) if conn._address is not None else None
+        if idle is not None:
+            idle.pop(conn, None)
+            if not idle:
+                del self.idle_by_address[conn._address]
+
+    def victim_from(self, address: str,
+                    newcomer: BoundedHttpToolsProtocol) -> BoundedHttpToolsProtocol | None:
+        """The longest-idle connection of ``address`` to close for ``newcomer`` of the same
+        address past its share; ``None`` when each of them has a request in progress."""
+        for candidate in list(self.idle_by_address.get(address, ())):
+            self.unmark_idle(candidate)
+            if candidate is not newcomer and candidate._idle() \
+                    and not candidate.transport.is_closing():
+                return candidate
+        return None
 
     def victim(self, newcomer: BoundedHttpToolsProtocol) -> BoundedHttpToolsProtocol | None:
         """The connection to close to make room for ``newcomer``: the longest idle of those
@@ -176,7 +218,7 @@ class ConnectionPool:
         for order in (self.fresh, self.served):
             while order:
                 candidate = next(iter(order))
-                del order[candidate]
+                self.unmark_idle(candidate)
                 if candidate is not newcomer and candidate._idle() \
                         and not candidate.transport.is_closing():
                     return candidate

@@ -22,7 +22,14 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.runtime import RuntimeServer, batching, error_of, running_runtime, scrape
+from harness.runtime import (
+    RuntimeServer,
+    batching,
+    error_of,
+    read_response,
+    running_runtime,
+    scrape,
+)
 from tailguard_runtime.admission import REFUSAL_BURST_S
 from tailguard_runtime.http.pool import EXPIRE_BATCH
 from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS
@@ -43,6 +50,8 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]
               "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
               "batching": batching(max_batch_size=8, timeout_ms=10_000),
               "connections": {"maxConnections": CAP, "keepAliveSeconds": TIMEOUT_S,
+                              # every socket here is 127.0.0.1's: the whole cap is its share
+                              "maxConnectionsPerAddress": CAP,
                               "requestHeadTimeoutSeconds": TIMEOUT_S,
                               "requestBodyTimeoutSeconds": TIMEOUT_S,
                               "sendStallTimeoutSeconds": TIMEOUT_S,
@@ -405,6 +414,44 @@ def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
     # one per connection
     lines = bounded.log_text().count("to keep the connection bounds")
     assert lines - log_lines <= 2, bounded.log_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
+    """iris with a cap of 40 connections, 5 of them for any one address."""
+    config = {"name": "iris",
+              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
+              "batching": batching(max_batch_size=8, timeout_ms=10_000),
+              "connections": {"maxConnections": 40, "maxConnectionsPerAddress": 5}}
+    with running_runtime(config, tmp_path_factory.mktemp("shared")) as server:
+        yield server
+
+
+def test_one_address_holds_its_share_of_the_cap_and_no_more(shared: RuntimeServer) -> None:
+    """15,050 connections from one address, each a head with its body never sent (busy, so
+    never evicted), gave every new connection a 503 for 30 s, probes included. Now an address
+    holds its share; past it, its new connections get 503, while another address (here
+    127.0.0.1 beside the attacker's 127.0.0.2) gets its probes and its predictions."""
+    head = (f"POST {IRIS_V1} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n").encode()
+    held: list[socket.socket] = []
+    try:
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", shared.port), timeout=30,
+                                            source_address=("127.0.0.2", 0))
+            sock.sendall(head)  # and its body never: a busy connection
+            held.append(sock)
+        with socket.create_connection(("127.0.0.1", shared.port), timeout=30,
+                                      source_address=("127.0.0.2", 0)) as extra:
+            status, _, body = read_response(extra)
+        assert status == 503 and b"from this address" in body, body
+        with httpx.Client(base_url=shared.base_url, timeout=10) as client:
+            assert client.get("/v2/health/ready").status_code == 200
+            assert client.post(IRIS_V1, json={"instances": [[5.1, 3.5, 1.4, 0.2]]}
+                               ).status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
 
 
 # -- the event loop: bodies that can never be valid, and big ones that are -----------------------

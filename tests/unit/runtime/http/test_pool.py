@@ -62,6 +62,7 @@ class Conn:
     busy: bool = False
     transport: Transport = field(default_factory=Transport)
     _closed_for: str | None = None
+    _address: str | None = None
 
     def _idle(self) -> bool:
         return not self.busy
@@ -116,3 +117,24 @@ def test_refusals_are_counted_but_a_body_past_its_deadline_is_the_apps() -> None
     assert [exc.reason for exc in counted] == ["slow_head", "connection_limit", "malformed_http"]
     assert pool.head_late.message == "request head not complete within 3 s"
     ConnectionPool(ConnectionSettings(), model="pool-refusals").refused(pool.full)  # no counter
+
+
+def test_an_address_past_its_share_makes_room_among_its_own_idle_connections() -> None:
+    pool = ConnectionPool(ConnectionSettings(max_connections=40, max_connections_per_address=2),
+                          model="pool-test")
+    assert pool.max_per_address == 2
+    theirs_idle, theirs_busy, mine = (Conn(_address="10.0.0.2"), Conn(_address="10.0.0.2"),
+                                      Conn(_address="10.0.0.1"))
+    for conn in (theirs_idle, theirs_busy, mine):
+        assert pool.joined(conn._address)  # type: ignore[arg-type]
+        pool.mark_idle(conn)
+    theirs_busy.busy = True
+    pool.unmark_idle(theirs_busy)
+    newcomer = Conn(_address="10.0.0.2")
+    assert not pool.joined("10.0.0.2")  # a third from 10.0.0.2: past its share of 2
+    assert pool.victim_from("10.0.0.2", newcomer) is theirs_idle  # never another address's
+    assert pool.victim_from("10.0.0.2", newcomer) is None  # the busy one stays
+    for conn in (theirs_idle, theirs_busy, newcomer):
+        pool.left("10.0.0.2")
+    assert pool.by_address == {"10.0.0.1": 1}
+    assert ConnectionPool(ConnectionSettings(max_connections=400), model="p").max_per_address == 100
