@@ -194,11 +194,14 @@ class ConnectionPool:
     def unmark_idle(self, conn: BoundedHttpToolsProtocol) -> None:
         self.fresh.pop(conn, None)
         self.served.pop(conn, None)
-        idle = self.idle_by_address.get(conn._address) if conn._address is not None else None
+        address = conn._address
+        if address is None:
+            return
+        idle = self.idle_by_address.get(address)
         if idle is not None:
             idle.pop(conn, None)
             if not idle:
-                del self.idle_by_address[conn._address]
+                del self.idle_by_address[address]
 
     def victim_from(self, address: str,
                     newcomer: BoundedHttpToolsProtocol) -> BoundedHttpToolsProtocol | None:
