@@ -82,13 +82,14 @@ def check_structure(body: bytes, max_rows: int) -> None:
     thread, where this count takes 3 ms and refuses it.
 
     Raises:
-        InvalidInput: (400) too many arrays or objects for a request of ``max_rows`` rows.
+        InvalidInput: (422: well-formed, but no request) too many arrays or objects for a
+            request of ``max_rows`` rows.
     """
     limit = 2 * max_rows + STRUCTURE_SLACK
     found = body.count(b"[") + body.count(b"{")
     if found > limit:
         raise InvalidInput(f"the body holds {found} JSON arrays and objects; a request of at most "
-                           f"{max_rows} rows (maxQueueSize) holds about one per row", 400)
+                           f"{max_rows} rows (maxQueueSize) holds about one per row", 422)
 
 
 def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],

@@ -205,7 +205,7 @@ def test_a_body_of_more_arrays_than_rows_is_refused_before_parsing() -> None:
     bomb = b'{"instances": [' + b",".join([nest] * 1600) + b"]}"
     with pytest.raises(InvalidInput) as info:
         check_structure(bomb, max_rows=512)
-    assert info.value.status_code == 400
+    assert info.value.status_code == 422
     assert "a request of at most 512 rows (maxQueueSize) holds about one per row" in \
         info.value.message
     too_many_rows = orjson.dumps({"instances": rows * 2})  # parsed: its own 413 names the rows
