@@ -242,6 +242,46 @@ def file_model(path: Path, role: str = "primary") -> dict[str, Any]:
     return {"role": role, "uri": path.resolve().as_uri(), "sha256": digest}
 
 
+class GoodClient:
+    """A good client beside an attack: in a thread of its own, it posts ``body`` (JSON bytes)
+    to ``path`` of ``server`` back to back until the block ends; :attr:`answers` holds the
+    status codes. Entering waits for its first answer; :meth:`goes_on` for a few more, so a
+    test can tell the server kept serving it through the attack."""
+
+    WAIT_S = 60.0
+
+    def __init__(self, server: "RuntimeServer", path: str, body: bytes) -> None:
+        self.server, self.path, self.body = server, path, body
+        self.answers: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="good-client")
+
+    def _run(self) -> None:
+        with self.server.client() as client:
+            while not self._stop.is_set():
+                self.answers.append(client.post(
+                    self.path, content=self.body,
+                    headers={"Content-Type": "application/json"}).status_code)
+
+    def _until(self, count: int) -> None:
+        deadline = time.monotonic() + self.WAIT_S
+        while len(self.answers) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def __enter__(self) -> "GoodClient":
+        self._thread.start()
+        self._until(1)
+        return self
+
+    def goes_on(self, more: int = 5) -> None:
+        """Wait until it has ``more`` answers beyond those it has now (at most 60 s)."""
+        self._until(len(self.answers) + more)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self.WAIT_S)
+
+
 # -- wire helpers --------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from harness.runtime import (
+    GoodClient,
     RuntimeServer,
     batching,
     error_of,
@@ -214,29 +215,11 @@ def test_a_json_parse_bomb_is_refused_by_a_count_while_a_good_client_is_served(
     nest = b"[" * 499 + b"]" * 499
     bomb = gzip.compress(b'{"instances": [' + b",".join([nest] * 100) + b"]}")
     assert len(bomb) < 2_000
-    answers: list[int] = []
-    stop = threading.Event()
-
-    def good() -> None:
-        with waiting_server.client() as client:
-            while not stop.is_set():
-                answers.append(client.post(V1, json={"instances": [ROW]}).status_code)
-
-    thread = threading.Thread(target=good)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not answers and time.monotonic() < deadline:  # the good client is under way
-            time.sleep(0.01)
+    with GoodClient(waiting_server, V1, json.dumps({"instances": [ROW]}).encode()) as good:
         with waiting_server.client(timeout=30) as attacker:
             refused = [attacker.post(V1, content=bomb, headers={
                 "Content-Type": "application/json", "Content-Encoding": "gzip"}) for _ in range(10)]
-        before = len(answers)
-        while len(answers) < before + 5 and time.monotonic() < deadline:  # and goes on
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        thread.join(60)
+        good.goes_on()
     assert {r.status_code for r in refused} == {422}, [r.text for r in refused]
     assert all("JSON arrays and objects" in r.json()["error"] for r in refused)
-    assert answers and set(answers) == {200}, answers
+    assert good.answers and set(good.answers) == {200}, good.answers

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from harness.runtime import (
+    GoodClient,
     RuntimeServer,
     labels,
     probe_rows,
@@ -151,20 +151,7 @@ def test_a_16_mib_header_is_cut_off_while_a_good_client_is_served(
     """The server answers 431 and closes once the head passes 64 KiB, long before the client
     has sent it all; a good client on another connection gets every answer meanwhile."""
     server, _ = wire
-    answers: list[int] = []
-    stop = threading.Event()
-
-    def good() -> None:
-        with server.client() as client:
-            while not stop.is_set():
-                answers.append(client.post(V1, content=BODY).status_code)
-
-    thread = threading.Thread(target=good)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not answers and time.monotonic() < deadline:  # the good client is under way
-            time.sleep(0.01)
+    with GoodClient(server, V1, BODY) as good:
         sent = 0
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             sock.sendall(_post_head(len(BODY))[:-2])  # the head, still open
@@ -176,16 +163,11 @@ def test_a_16_mib_header_is_cut_off_while_a_good_client_is_served(
                     sock.sendall(b"a" * (1 << 16))
                     sent += 1 << 16
             got, headers, body = read_response(sock)
-        before = len(answers)
-        while len(answers) < before + 5 and time.monotonic() < deadline:  # and goes on
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        thread.join(60)
+        good.goes_on()
     assert got == 431 and headers["connection"] == "close", body
     assert "exceeds 65536 bytes" in json.loads(body)["error"]
     assert sent < 16 << 20  # refused before it was all sent
-    assert answers and set(answers) == {200}, answers
+    assert good.answers and set(good.answers) == {200}, good.answers
 
 
 def test_an_h2c_upgrade_is_served_as_http11_with_its_body(wire: tuple[RuntimeServer, Any]) -> None:
