@@ -38,11 +38,7 @@ def helm_binary() -> str:
     Raises:
         RuntimeError: neither exists (``scripts/install-helm.sh`` installs one).
     """
-    path = os.environ.get("HELM") or shutil.which("helm")
-    if not path:
-        raise RuntimeError("no helm binary: run `bash scripts/install-helm.sh .ci/bin` and put "
-                           ".ci/bin on PATH (make test does both)")
-    return path
+    return _binary("HELM", "helm")
 
 
 def helm3_binary() -> str:
@@ -51,9 +47,13 @@ def helm3_binary() -> str:
     Raises:
         RuntimeError: neither exists (``scripts/install-helm.sh`` installs one).
     """
-    path = os.environ.get("HELM3") or shutil.which("helm3")
+    return _binary("HELM3", "helm3")
+
+
+def _binary(variable: str, name: str) -> str:
+    path = os.environ.get(variable) or shutil.which(name)
     if not path:
-        raise RuntimeError("no helm3 binary: run `bash scripts/install-helm.sh .ci/bin` and put "
+        raise RuntimeError(f"no {name} binary: run `bash scripts/install-helm.sh .ci/bin` and put "
                            ".ci/bin on PATH (make test does both)")
     return path
 

@@ -8,6 +8,7 @@ it, and a busy 2-core machine stays well inside it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -16,7 +17,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import numpy as np
@@ -57,6 +58,18 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]
                               "sendStallTimeoutSeconds": TIMEOUT_S,
                               "maxPipelinedRequests": 16}}
     with running_runtime(config, tmp_path_factory.mktemp("bounded")) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def iris_runtime(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 connections: dict[str, Any]) -> Iterator[RuntimeServer]:
+    """A runtime serving a 20-tree iris forest with these ``connections`` settings."""
+    config = {"name": "iris",
+              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
+              "batching": batching(max_batch_size=8, timeout_ms=10_000),
+              "connections": connections}
+    with running_runtime(config, tmp_path_factory.mktemp(name)) as server:
         yield server
 
 
@@ -419,11 +432,8 @@ def test_more_idle_sockets_than_the_cap_never_lock_out_a_real_client(
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
     """iris with a cap of 40 connections, 5 of them for any one address."""
-    config = {"name": "iris",
-              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
-              "batching": batching(max_batch_size=8, timeout_ms=10_000),
-              "connections": {"maxConnections": 40, "maxConnectionsPerAddress": 5}}
-    with running_runtime(config, tmp_path_factory.mktemp("shared")) as server:
+    connections = {"maxConnections": 40, "maxConnectionsPerAddress": 5}
+    with iris_runtime(tmp_path_factory, "shared", connections) as server:
         yield server
 
 
@@ -578,23 +588,16 @@ REFUSAL_DELAY_S = 2.0
 def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
     """iris with a budget of :data:`REFUSALS_PER_S` refusals a second, the rest answered
     after :data:`REFUSAL_DELAY_S`."""
-    config = {"name": "iris",
-              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
-              "batching": batching(max_batch_size=8, timeout_ms=10_000),
-              "connections": {"refusalsPerSecond": REFUSALS_PER_S,
-                              "refusalDelaySeconds": REFUSAL_DELAY_S}}
-    with running_runtime(config, tmp_path_factory.mktemp("paced")) as server:
+    connections = {"refusalsPerSecond": REFUSALS_PER_S, "refusalDelaySeconds": REFUSAL_DELAY_S}
+    with iris_runtime(tmp_path_factory, "paced", connections) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeServer]:
     """iris with 1 refusal a second per connection (a bucket of 5), the rest after 0.5 s."""
-    config = {"name": "iris",
-              "models": [{"role": "primary", "uri": "builtin://iris/random-forest?trees=20"}],
-              "batching": batching(max_batch_size=8, timeout_ms=10_000),
-              "connections": {"refusalsPerSecond": 1, "refusalDelaySeconds": 0.5}}
-    with running_runtime(config, tmp_path_factory.mktemp("strict")) as server:
+    connections = {"refusalsPerSecond": 1, "refusalDelaySeconds": 0.5}
+    with iris_runtime(tmp_path_factory, "strict", connections) as server:
         yield server
 
 
