@@ -91,6 +91,13 @@ class DeadlineExceeded(TailguardError):
     reason = "deadline_exceeded"
 
 
+class DecodeLate(DeadlineExceeded):
+    """The request's deadline passed while its body waited for the decode thread (504). Not
+    the model's time: the SLO guard does not judge it (a refusal, not a deadline miss)."""
+
+    reason = "decode_deadline"
+
+
 class BodyTimeout(TailguardError):
     """The client did not finish sending its body within the request's deadline (408)."""
 

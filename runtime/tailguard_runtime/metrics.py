@@ -69,6 +69,14 @@ REFUSALS_DELAYED = Counter("tailguard_refusals_delayed",
 CONNECTIONS_CLOSED = Counter("tailguard_connections_closed",
                              "Connections the server closed to keep its per-connection bounds "
                              "(tailguard_runtime.http.connections), by reason.", ("model", "reason"))
+DECODE_QUEUE_BYTES = Gauge("tailguard_decode_queue_bytes",
+                           "Bytes of request bodies waiting for (or in) the decode thread.",
+                           ("model",))
+REQUESTS_UNANSWERED = Counter("tailguard_requests_unanswered",
+                              "Requests parsed on a connection that closed before their answer "
+                              "was written, by stage: running (its answer, if computed, also "
+                              "counts in tailguard_requests_total) or pipelined (never started).",
+                              ("model", "stage"))
 CONNECTION_CLOSE_REASONS = ("evicted", "refused", "head_timeout", "body_timeout", "send_stall")
 """``evicted``: the longest idle connection, closed for a new one at the connection cap;
 ``refused``: a new one answered 503 at the cap, every connection busy; ``head_timeout``: a
@@ -91,7 +99,7 @@ EVENT_LOOP_LAG = Histogram("tailguard_event_loop_lag_seconds",
 REJECTION_REASONS = ("queue_full", "deadline", "deadline_exceeded", "slow_body",
                      "incomplete_body", "too_large", "invalid_input", "draining",
                      "not_ready", "model_error", "internal", "malformed_http", "slow_head",
-                     "connection_limit", "forbidden")
+                     "connection_limit", "forbidden", "decode_queue_full", "decode_deadline")
 """The ``reason`` slugs of ``tailguard_rejections_total``: the ``reason`` of each
 :class:`~tailguard_runtime.errors.TailguardError` that is counted."""
 COMMON_CODES = ("200", "400", "408", "413", "422", "429", "500", "503", "504")

@@ -15,9 +15,9 @@ app. Every error, on either side, is answered by the one error writer
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Any, Awaitable, Callable, MutableMapping
 
@@ -44,8 +44,10 @@ from tailguard_runtime.errors import (
 )
 from tailguard_runtime.http.browsers import browser_refusal
 from tailguard_runtime.http.control import add_control_routes
+from tailguard_runtime.http.decoding import DecodeQueue
 from tailguard_runtime.http.errors import as_tailguard_error, asgi_error, error_response
-from tailguard_runtime.metrics import REFUSALS_DELAYED
+from tailguard_runtime.http.protocol import CLIENT_GONE
+from tailguard_runtime.metrics import DECODE_QUEUE_BYTES, REFUSALS_DELAYED
 from tailguard_runtime.models import Predictor, check_input_range
 from tailguard_runtime.service import Runtime, ServedModel
 from tailguard_runtime.wire import (
@@ -112,7 +114,8 @@ class InferenceApp:
         self.limit_reason = (f" (the largest valid request: {self.max_rows} rows of "
                              f"{n_features} features)"
                              if self.max_body < runtime.settings.max_body_bytes else "")
-        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-decode")
+        self._decodes = DecodeQueue()
+        DECODE_QUEUE_BYTES.labels(runtime.name).set_function(lambda: self._decodes.queued_bytes)
         self.headers = {role: (JSON_HEADERS + s.headers, CLOSING_HEADERS + s.headers)
                         for role, s in runtime.models.items()}
         """Per role: the reply headers with keep-alive, and with ``Connection: close``."""
@@ -250,8 +253,9 @@ class InferenceApp:
             else:
                 if encoding is not None:  # a gzip bomb that says so is refused here, cheaply
                     check_stated_size(body, encoding, self.max_body)
-                decoded = await asyncio.get_running_loop().run_in_executor(
-                    self._decoder, self._decode, body, encoding, predictor, v2)
+                decoded = await self._decodes.run(
+                    functools.partial(self._decode, body, encoding, predictor, v2), len(body),
+                    arrival + timeout_s, scope.get(CLIENT_GONE, _never))
             if isinstance(decoded, V2Request):
                 request = decoded
                 x = request.x
@@ -422,6 +426,10 @@ class InferenceApp:
 
 DEADLINE_REASONS = frozenset(("deadline_exceeded", "deadline"))
 """A 504 for a passed deadline, and a 429 for a deadline the queue cannot meet."""
+
+
+def _never() -> bool:
+    return False
 
 
 def _has_body(scope: Scope) -> bool:

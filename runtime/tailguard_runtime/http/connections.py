@@ -153,6 +153,15 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
     def refused(self, exc: TailguardError) -> None:
         self.pool.refused(exc)
 
+    def unanswered(self, running: int, pipelined: int) -> None:
+        self.pool.unanswered(running, pipelined, self.loop.time())
+
+    def send_error(self, exc: TailguardError) -> None:
+        super().send_error(exc)
+        # a held refusal waits for earlier answers, not for the client
+        self._held = b""
+        self._head_deadline = self._body_deadline = 0.0
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._address is not None:
             self.pool.left(self._address)
@@ -177,6 +186,8 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
     # -- reading, with at most max_pipelined requests parsed and unanswered ---------------
 
     def data_received(self, data: bytes) -> None:
+        if self.last_word is not None:  # refused: what follows is never parsed
+            return
         if self._held:
             data, self._held = self._held + data, b""
         if not self.pipeline and self._unread_timer is None \
@@ -200,7 +211,8 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
         view = memoryview(data)
         start = 0
         while start < len(data):
-            if self.parser is None or self.transport.is_closing():
+            if self.parser is None or self.transport.is_closing() \
+                    or self.last_word is not None:
                 return
             if len(self.pipeline) >= max_pipelined:
                 self._held = bytes(view[start:])
@@ -214,7 +226,11 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
 
     def on_response_complete(self) -> None:
         # uvicorn 0.54's (``HttpToolsProtocol.on_response_complete``), with the keep-alive
-        # timeout as a deadline for the sweep instead of a timer
+        # timeout as a deadline for the sweep instead of a timer; a held refusal is the
+        # parent's (the earlier answers, then it, then close)
+        if self.last_word is not None:
+            super().on_response_complete()
+            return
         self.server_state.total_requests += 1
         self._served = True
         if not self.transport.is_closing():

@@ -18,7 +18,11 @@ import resource
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from tailguard_runtime.errors import BodyTimeout, HeadTimeout, TailguardError, TooManyConnections
-from tailguard_runtime.metrics import CONNECTION_CLOSE_REASONS, CONNECTIONS_CLOSED
+from tailguard_runtime.metrics import (
+    CONNECTION_CLOSE_REASONS,
+    CONNECTIONS_CLOSED,
+    REQUESTS_UNANSWERED,
+)
 from tailguard_runtime.settings import ConnectionSettings
 
 if TYPE_CHECKING:
@@ -70,11 +74,11 @@ class EventTally:
         self._since = 0.0
         self._next_report = float("-inf")
 
-    def add(self, kind: str, now: float) -> tuple[dict[str, int], float] | None:
-        """Count one ``kind`` at ``now`` (monotonic seconds); then :meth:`due`."""
+    def add(self, kind: str, now: float, n: int = 1) -> tuple[dict[str, int], float] | None:
+        """Count ``n`` of ``kind`` at ``now`` (monotonic seconds); then :meth:`due`."""
         if not self.counts:
             self._since = now
-        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.counts[kind] = self.counts.get(kind, 0) + n
         return self.due(now)
 
     def due(self, now: float) -> tuple[dict[str, int], float] | None:
@@ -164,6 +168,9 @@ class ConnectionPool:
                               for reason in CONNECTION_CLOSE_REASONS}
         self._count_refusal = count_refusal
         self._tally = EventTally()
+        self._count_unanswered = {stage: REQUESTS_UNANSWERED.labels(model, stage).inc
+                                  for stage in ("running", "pipelined")}
+        self._unanswered_tally = EventTally()
 
     # -- the share of one address -------------------------------------------------------------
 
@@ -245,6 +252,7 @@ class ConnectionPool:
                             or 0.0 < conn._head_deadline <= now
                             or 0.0 < conn._body_deadline <= now], now)
         self._log(self._tally.due(now))
+        self._log_unanswered(self._unanswered_tally.due(now))
 
     def _expire(self, loop: asyncio.AbstractEventLoop, due: list[Any], now: float) -> None:
         for conn in due[:EXPIRE_BATCH]:
@@ -262,6 +270,22 @@ class ConnectionPool:
         conn._closed_for = reason
         self._count_closed[reason]()
         self._log(self._tally.add(reason, now))
+
+    def unanswered(self, running: int, pipelined: int, now: float) -> None:
+        """Count the requests a closing connection left unanswered
+        (``tailguard_requests_unanswered_total`` by stage); log a tally when one is due."""
+        for stage, n in (("running", running), ("pipelined", pipelined)):
+            if n:
+                self._count_unanswered[stage](n)
+                self._log_unanswered(self._unanswered_tally.add(stage, now, n))
+
+    def _log_unanswered(self, report: tuple[dict[str, int], float] | None) -> None:
+        if report is not None:
+            counts, seconds = report
+            logger.warning("%d request(s) left unanswered by connections that closed%s: %s "
+                        "(see tailguard_requests_unanswered_total)", sum(counts.values()),
+                        f" in {seconds:.1f} s" if seconds else "",
+                        ", ".join(f"{stage} {n}" for stage, n in sorted(counts.items())))
 
     def refused(self, exc: TailguardError) -> None:
         """Count one request refused below the app with the answer to ``exc``."""

@@ -21,6 +21,17 @@
   uvloop that costs system calls that release the GIL; with the model's thread waiting for it,
   each one hands the GIL over, and every connection accepted in a burst waits its turn
   (:meth:`JsonHttpProtocol.connection_made`).
+* **Pipelined answers keep their order.** A request the parser refuses after earlier requests
+  of the same connection that are still unanswered waits for them: reading stops, their
+  answers go out in order, then the refusal (:attr:`JsonHttpProtocol.last_word`), and the
+  connection closes. uvicorn wrote the refusal at once and closed the connection, so the
+  earlier answers were lost, and each one's write to the closed transport was an ERROR
+  traceback.
+* **Requests a closed connection leaves unanswered are counted, not logged one by one.** The
+  request being served when the connection closed (its answer, if computed, is dropped quietly)
+  and those pipelined behind it are reported to :meth:`JsonHttpProtocol.unanswered`. uvicorn
+  marks only the last parsed request as disconnected, so the one being served wrote into the
+  closed transport and raised.
 * **A response's head and body go out in one write.** uvicorn writes the status line and
   headers, then the body, each with its own ``transport.write``, and uvloop sends each at once:
   two ``send(2)`` calls, and two TCP segments for the client to read, per answer. Here the head
@@ -34,12 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import httptools
 from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import is_ssl
 
 from tailguard_runtime.errors import MalformedHttp, TailguardError
@@ -68,6 +79,11 @@ MAX_HEADER_FIELDS = 100
 default). Past it, a 431: the ASGI scope holds every field, and a request of 300,000 trailers
 was scanned on every slice of its body."""
 
+CLIENT_GONE = "tailguard.client_gone"
+"""The scope key, set on each request's ASGI scope, of a callable that says whether the
+request's connection has closed: the app drops a body waiting for the decode thread when it
+does (:class:`~tailguard_runtime.http.decoding.DecodeQueue`)."""
+
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 """The interim answer uvicorn writes before the response, for ``Expect: 100-continue``."""
 
@@ -91,6 +107,8 @@ class OneWriteResponse:
         self._pending = not head_only  # the head is still to be written, and may wait
 
     def write(self, data: bytes) -> None:
+        if self._transport.is_closing():  # uvloop raises on a closed transport
+            return
         head = self._head
         if head is not None:
             self._head = None
@@ -152,6 +170,16 @@ class JsonHttpProtocol(HttpToolsProtocol):
     """``fed - body_bytes`` when the last request ended: what came after is the next one's."""
     fields = 0
     """Header fields of the current request, trailers included."""
+    in_message = False
+    """Between the first byte of a request and the end of its body."""
+    head_done = False
+    """The current request's head is complete: ``cycle`` is its own."""
+    running: RequestResponseCycle | None = None
+    """The request whose ASGI task was started last (uvicorn's ``cycle`` is the one parsed
+    last, which may wait in ``pipeline`` behind it)."""
+    last_word: bytes | None = None
+    """A refusal held until the earlier requests of the connection are answered; then it is
+    written and the connection closes. Nothing more is read or parsed meanwhile."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """uvicorn's ``connection_made`` (0.54), with ``server`` and ``client`` read from the
@@ -176,6 +204,8 @@ class JsonHttpProtocol(HttpToolsProtocol):
                             "%s:%d - " % self.client if self.client else "")
 
     def data_received(self, data: bytes) -> None:
+        if self.last_word is not None:  # the stream was refused: nothing after it is a request
+            return
         self._unset_keepalive_if_required()
         self.fed += len(data)
         try:
@@ -206,6 +236,8 @@ class JsonHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.fields = 0
+        self.in_message = True
+        self.head_done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.fields += 1
@@ -230,11 +262,13 @@ class JsonHttpProtocol(HttpToolsProtocol):
         self.data_received(head + rest)
 
     def on_headers_complete(self) -> None:
+        self.head_done = True
         if (sum(1 for name, _ in self.headers if name == b"host") != 1
                 and self.parser.get_http_version() != "1.0"):
             raise BadHost()
         if not self.parser.should_upgrade():
             super().on_headers_complete()
+            self.scope[CLIENT_GONE] = self.transport.is_closing  # type: ignore[literal-required]
             # the cycle uses write, close and is_closing; OneWriteResponse has them
             self.cycle.transport = cast(asyncio.Transport, OneWriteResponse(
                 self.transport, self.scope["method"] == "HEAD"))
@@ -261,6 +295,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self.in_message = False
         self.overhead_mark = self.fed - self.body_bytes
         if self.replay is None and self.cycle is not None:  # None: a first request refused
             super().on_message_complete()
@@ -270,11 +305,73 @@ class JsonHttpProtocol(HttpToolsProtocol):
 
     def send_error(self, exc: TailguardError) -> None:
         """Answer ``exc`` (the one error writer's bytes, with ``Connection: close``) and close
-        the connection: the parser cannot find the next request in a stream it refused."""
+        the connection: the parser cannot find the next request in a stream it refused. When
+        earlier requests of the connection are still unanswered, the answer is held as
+        :attr:`last_word` and reading stops; their answers go out first."""
         logger.info("refused a request at the HTTP level: %d %s", exc.status_code, exc.message)
-        self.transport.write(raw_error(exc, self.server_state.default_headers, close=True))
-        self.transport.close()
         self.refused(exc)
+        answer = raw_error(exc, self.server_state.default_headers, close=True)
+        own = self.cycle if self.in_message and self.head_done else None
+        if own is not None:  # the refused request's head was parsed: it never runs
+            own.disconnected = True
+            own.message_event.set()
+            if self.pipeline and self.pipeline[0][0] is own:
+                self.pipeline.popleft()
+        running = self.running
+        if self.pipeline or (running is not None and running is not own
+                             and not running.response_complete):
+            self.last_word = answer
+            self.flow.pause_reading()
+            return
+        self.transport.write(answer)
+        self.transport.close()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Callable[..., Any]) -> None:
+        self.running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, unless a refusal waits (:attr:`last_word`): then the next pipelined
+        request starts, or, with none left, the refusal is written and the connection
+        closes."""
+        if self.last_word is None:
+            super().on_response_complete()
+            return
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        word, self.last_word = self.last_word, b""  # b"": said; still nothing more is read
+        self.transport.write(word)
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """uvicorn's, with every request the connection leaves unanswered marked as
+        disconnected (uvicorn marks only the last parsed one, ``cycle``), so none of them
+        writes to the closed transport, and counted (:meth:`unanswered`)."""
+        running = self.running
+        left_running = (running is not None and not running.response_complete
+                        and not running.more_body)  # a request still arriving is the app's
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+        pipelined = len(self.pipeline)
+        for cycle, _ in self.pipeline:
+            cycle.disconnected = True
+        self.pipeline.clear()
+        super().connection_lost(exc)
+        if left_running or pipelined:
+            self.unanswered(int(left_running), pipelined)
+
+    def unanswered(self, running: int, pipelined: int) -> None:
+        """Called when the connection closes with requests unanswered: ``running`` (0 or 1)
+        whose body had arrived and whose answer was not written (the app still counts the
+        answer it computes in ``tailguard_requests_total``), and ``pipelined`` parsed requests
+        that never started. Nothing by default; the connection bounds count them
+        (:mod:`tailguard_runtime.http.connections`)."""
 
     def refused(self, exc: TailguardError) -> None:
         """Called once for each request refused below the app (here: by the HTTP parser);

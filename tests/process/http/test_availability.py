@@ -548,6 +548,56 @@ def test_hostile_bodies_do_not_stall_another_client(digits_server: RuntimeServer
     assert statistics.median(latencies) < 0.2, f"p50 {statistics.median(latencies) * 1000:.0f} ms"
 
 
+def digits_counts(server: RuntimeServer) -> dict[str, float]:
+    """The primary's answers by status code, now."""
+    with server.client() as client:
+        samples = scrape(client)
+    found: dict[str, float] = {}
+    for (name, labels_), value in samples.items():
+        tags = dict(labels_)
+        if tags.get("model") != "digits" or tags.get("role") != "primary":
+            continue
+        if name == "tailguard_requests_total":
+            found[tags["code"]] = found.get(tags["code"], 0.0) + value
+    return found
+
+
+def test_bodies_whose_clients_left_are_never_parsed(digits_server: RuntimeServer) -> None:
+    """Forty gzip bodies (a few KB each on the wire, each one the most values a valid request
+    can hold once inflated) queue for the decode thread; their clients leave: those still
+    waiting when their turn comes are dropped unparsed (400 ``incomplete_body``, never
+    computed). The queue had run every job: 40 abandoned parse bombs kept the server busy for
+    25 s."""
+    row = "[" + ", ".join(["0.12345678901234567"] * 64) + "]"
+    body = gzip.compress(('{"instances": [' + ",\n".join([row] * 1024) + "]}").encode(), 9)
+    head = (f"POST {DIGITS_V1} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    before = digits_counts(digits_server)
+    socks = [socket.create_connection(("127.0.0.1", digits_server.port), timeout=30)
+             for _ in range(40)]
+    queued = 0.0
+    try:
+        for sock in socks:
+            sock.sendall(head + body)
+        deadline = time.monotonic() + 30
+        while queued < 30 * len(body) and time.monotonic() < deadline:
+            with digits_server.client() as client:
+                queued = scrape(client)[("tailguard_decode_queue_bytes", (("model", "digits"),))]
+    finally:
+        for sock in socks:
+            sock.close()
+    assert queued >= 30 * len(body), queued
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = digits_counts(digits_server)
+        if sum(n - before.get(code, 0.0) for code, n in now.items()) >= 40:
+            break
+        time.sleep(0.1)
+    codes = {code: n - before.get(code, 0.0) for code, n in now.items() if n > before.get(code, 0)}
+    assert sum(codes.values()) == 40, codes
+    assert codes.get("400", 0) >= 25, codes  # at least 30 were queued when their clients left
+
+
 # -- poison rows ---------------------------------------------------------------------------------
 
 

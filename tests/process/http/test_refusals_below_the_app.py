@@ -116,3 +116,72 @@ def test_a_connection_past_the_cap_with_all_busy_is_counted(
     time.sleep(0.2)  # the answered connections' slots are free again before the scrape
     after = refusals(server, "connection_limit")
     assert after[0] - before[0] == 1, (before, after)
+
+
+def gated_request(gate: int) -> bytes:
+    """A v1 request whose batch waits for ``gate``, as raw HTTP/1.1."""
+    body = json.dumps(v1_body(gated_row(gate))).encode()
+    return (f"POST /v1/models/{NAME}:predict HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+def metric(server: RuntimeServer, name: str, **wanted: str) -> float:
+    """The sum of ``name``'s samples for this model whose labels include ``wanted``."""
+    with server.client() as client:
+        samples = scrape(client)
+    return sum(v for (found_name, found), v in samples.items()
+               if found_name == name and dict(found)["model"] == NAME
+               and all(dict(found).get(k) == v for k, v in wanted.items()))
+
+
+def test_a_request_pipelined_before_a_malformed_one_is_answered_first(
+        served: tuple[RuntimeServer, Any], probe_module: tuple[ModuleType, Path]) -> None:
+    """The refusal waits for the earlier answer: 200, then 400, then the connection closes.
+    uvicorn wrote the 400 at once and closed, and the earlier answer was lost."""
+    server, _ = served
+    gate = new_gate()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        try:
+            sock.sendall(gated_request(gate) + b"BREW /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.5)  # the malformed request is parsed while the first one waits
+            open_gate(probe_module, gate)
+            first = read_response(sock)
+            second = read_response(sock)
+        finally:
+            open_gate(probe_module, gate)
+        assert first[0] == 200, first
+        assert json.loads(first[2])["predictions"] is not None
+        assert "malformed HTTP request" in check_json_refusal(*second, expected=400)
+        assert sock.recv(1) == b""  # closed after the refusal
+
+
+def test_requests_a_closed_connection_leaves_unanswered_are_counted_not_tracebacks(
+        served: tuple[RuntimeServer, Any], probe_module: tuple[ModuleType, Path]) -> None:
+    """A client pipelines four requests and closes: the one being served is computed and
+    counted (its answer dropped), the three behind it are counted as never started, and the
+    log says so in one line, without the traceback per request that writing to the closed
+    connection gave."""
+    server, _ = served
+    gate = new_gate()
+    running = metric(server, "tailguard_requests_unanswered_total", stage="running")
+    pipelined = metric(server, "tailguard_requests_unanswered_total", stage="pipelined")
+    ok = metric(server, "tailguard_requests_total", code="200")
+    log_mark = len(server.log_text())
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(gated_request(gate) * 4)
+            time.sleep(0.5)  # all four parsed: one waits at the gate, three behind it
+    finally:
+        open_gate(probe_module, gate)
+    deadline = time.monotonic() + 10
+    while (metric(server, "tailguard_requests_total", code="200") == ok
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert metric(server, "tailguard_requests_total", code="200") - ok == 1
+    assert metric(server, "tailguard_requests_unanswered_total", stage="running") - running == 1
+    assert metric(server, "tailguard_requests_unanswered_total",
+                  stage="pipelined") - pipelined == 3
+    log = server.log_text()[log_mark:]
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+    assert "left unanswered by connections that closed" in log, log
