@@ -11,6 +11,7 @@ unless ``--resync-seconds``), creates N InferenceServices at once and reports:
 - the time until every one is Ready (kwok marks the pods Running and Ready, the Deployment
   controller counts them, the operator writes the status), and its p50/p99 per service;
 - API requests per InferenceService, reads and writes, from the API server's audit log;
+- the operator's CPU time until every one is Ready, and while idle;
 - the operator's peak resident memory (``VmHWM``);
 - writes while idle: every write the operator makes over ``--idle-seconds`` after the last
   service is Ready (must be 0; the resync keeps reading).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -60,6 +62,12 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far, in seconds (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--services", type=int, default=200, help="InferenceServices (200)")
@@ -89,6 +97,7 @@ def main() -> int:
         proc = installation.start_operator(work / "operator.log", extra)
         example = yaml.safe_load((REPO / "examples" / "iris.yaml").read_text())
         mark = audit.mark()
+        cpu_before = cpu_seconds(proc.pid)
         started = time.monotonic()
         for i in range(args.services):
             admin.create({**example, "metadata": {"name": f"iris-{i:04d}",
@@ -109,6 +118,7 @@ def main() -> int:
                 raise SystemExit(f"only {done}/{args.services} Ready after {args.timeout} s")
             time.sleep(1)
         all_ready_s = time.monotonic() - started
+        cpu_to_ready = cpu_seconds(proc.pid) - cpu_before
         requests = audit.requests(mark, user=installation.user)
         writes = [r for r in requests if r.verb in ("create", "patch", "update", "delete")]
         result.update({
@@ -117,8 +127,9 @@ def main() -> int:
             "requests_per_service": round(len(requests) / args.services, 1),
             "writes_per_service": round(len(writes) / args.services, 1),
             "reads_per_service": round((len(requests) - len(writes)) / args.services, 1),
+            "operator_cpu_s_to_ready": round(cpu_to_ready, 1),
         })
-        idle_mark = audit.mark()
+        idle_mark, cpu_idle = audit.mark(), cpu_seconds(proc.pid)
         print(f"all Ready after {all_ready_s:.0f} s; counting writes for {args.idle_seconds:.0f} "
               "s while idle ...", flush=True)
         time.sleep(args.idle_seconds)
@@ -128,6 +139,7 @@ def main() -> int:
             "idle_seconds": args.idle_seconds,
             "idle_writes": len(idle_writes),
             "idle_reads": len([r for r in idle if r.verb in ("get", "list")]),
+            "operator_cpu_s_idle": round(cpu_seconds(proc.pid) - cpu_idle, 1),
             "operator_peak_rss_mib": round(peak_rss_mib(proc.pid), 1),
         })
         assert installation.stop_operator(proc) == 0

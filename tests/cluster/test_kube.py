@@ -43,11 +43,22 @@ def test_reads_and_writes_round_trip(connected: str) -> None:
     assert kube.get("ConfigMap", connected, "missing") is None
 
 
-def test_listing_names_one_namespace_or_all(connected: str, admin: Client) -> None:
-    assert kube.list_names(resource.KIND, connected) == []
+def test_listing_one_namespace_or_all_by_label(connected: str, admin: Client) -> None:
+    items, version = kube.list_objects(resource.KIND, connected)
+    assert items == [] and version.isdigit()
     admin.create(example(namespace=connected))
-    assert kube.list_names(resource.KIND, connected) == [(connected, "iris")]
-    assert (connected, "iris") in kube.list_names(resource.KIND, None)
+    items, _ = kube.list_objects(resource.KIND, connected)
+    assert [(i["kind"], i["apiVersion"], i["metadata"]["name"]) for i in items] == [
+        (resource.KIND, resource.API_VERSION, "iris")]
+    everywhere, _ = kube.list_objects(resource.KIND, None)
+    assert (connected, "iris") in {(i["metadata"]["namespace"], i["metadata"]["name"])
+                                   for i in everywhere}
+    for name, labels in (("plain", {}), ("ours", {"app": "x"})):
+        kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": name, "namespace": connected, "labels": labels}})
+    labelled, _ = kube.list_objects("ConfigMap", connected, "app=x")
+    assert [(i["kind"], i["apiVersion"], i["metadata"]["name"]) for i in labelled] == [
+        ("ConfigMap", "v1", "ours")]
 
 
 def test_errors_carry_their_status(connected: str) -> None:

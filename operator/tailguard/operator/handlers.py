@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import kopf
 
 from tailguard.operator import kube, manifests, reconcile
+from tailguard.operator.cache import WatchCache
 from tailguard.operator.memory import KnownServices, SeenChildren, resync_targets
 from tailguard.operator.peering import DEFAULT_PEERING, Peering, active_peer
 from tailguard.operator.settings import OperatorSettings
@@ -45,6 +46,9 @@ _CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "d
 CHILD_SELECTOR = f"{manifests.LABEL_MANAGED_BY}={manifests.MANAGED_BY}"
 """The label selector of the child watches, sent to the API server: the operator lists and
 watches only its own ConfigMaps, Services, Deployments, HPAs and PDBs."""
+CHILD_KINDS = ("ConfigMap", "Service", "Deployment", "HorizontalPodAutoscaler",
+               "PodDisruptionBudget")
+"""The kinds of :data:`_CHILDREN`, as a pass reads them (and the watch cache keeps them)."""
 
 REFUSALS = frozenset({400, 403, 404, 409, 422})
 """Statuses of a child write that say the request itself was refused (invalid, forbidden,
@@ -53,6 +57,12 @@ retried as they are."""
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
+_seeding = threading.Lock()
+_running: set[tuple[str, str]] = set()
+"""InferenceServices whose pass is running (guarded by ``_locks_guard``)."""
+_again: set[tuple[str, str]] = set()
+"""Of them, those a child event asked for another pass meanwhile: the running pass runs once
+more when it ends, so a burst of events makes one pass, not one each."""
 
 
 @dataclass(frozen=True)
@@ -74,29 +84,94 @@ class Outcome:
 
 
 def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
-                      now: datetime.datetime | None = None) -> Outcome:
+                      now: datetime.datetime | None = None,
+                      cache: WatchCache | None = None) -> Outcome:
     """Bring the InferenceService ``namespace/name``'s children and status in line with its
     spec; one pass at a time per object (calls from several kopf workers wait for each other).
 
-    Reads the object and its children, creates missing children, merge-patches what differs
-    (see :mod:`tailguard.operator.reconcile`), writes the status only if it changed, and records Events on
-    transitions. A missing or terminating object is left alone (``Outcome()``).
+    Reads the object and its children (from ``cache`` when given: what the watches delivered,
+    the namespace seeded by a list first if it is not yet; else from the API), creates missing
+    children, merge-patches what differs (see :mod:`tailguard.operator.reconcile`), writes the
+    status only if it changed, and records Events on transitions. A missing or terminating
+    object is left alone (``Outcome()``). When :func:`reconcile_soon` asked for another pass
+    while this one ran, it runs again before returning (the last pass's outcome is returned).
 
     Raises:
         kube.KubeError: the API refused a read or a write.
     """
+    key = (namespace, name)
     with _lock_for(namespace, name):
-        outcome = _reconcile(namespace, name, settings,
-                             now or datetime.datetime.now(datetime.timezone.utc))
+        with _locks_guard:
+            _running.add(key)
+        try:
+            while True:
+                outcome = _reconcile(namespace, name, settings,
+                                     now or datetime.datetime.now(datetime.timezone.utc), cache)
+                with _locks_guard:
+                    if key not in _again:
+                        break
+                    _again.discard(key)
+                now = None  # the next pass is later
+        finally:
+            with _locks_guard:
+                _running.discard(key)
+                _again.discard(key)
     if outcome == Outcome():  # gone: its lock goes too, so the table grows with live objects
         with _locks_guard:
             _locks.pop((namespace, name), None)
     return outcome
 
 
+def reconcile_soon(namespace: str, name: str, settings: OperatorSettings,
+                   cache: WatchCache | None = None) -> None:
+    """:func:`reconcile_service`, unless a pass of that InferenceService is running: then that
+    pass runs once more when it ends, and this returns at once (a burst of child events
+    makes one more pass, not one each).
+
+    Raises:
+        kube.KubeError: as :func:`reconcile_service`.
+    """
+    with _locks_guard:
+        if (namespace, name) in _running:
+            _again.add((namespace, name))
+            return
+    reconcile_service(namespace, name, settings, cache=cache)
+
+
+def seed_namespace(cache: WatchCache, namespace: str) -> None:
+    """List the InferenceServices and each child kind (labelled as the watches are) in
+    ``namespace`` into ``cache`` (:meth:`WatchCache.seed`): six requests.
+
+    Raises:
+        kube.KubeError: a list was refused.
+    """
+    lists = {kind: kube.list_objects(kind, namespace, CHILD_SELECTOR) for kind in CHILD_KINDS}
+    lists[resource.KIND] = kube.list_objects(resource.KIND, namespace)
+    cache.seed(namespace, lists)
+
+
+def _reader(cache: WatchCache | None,
+            namespace: str) -> Callable[[str, str], dict[str, Any] | None]:
+    """``read(kind, name)`` in ``namespace`` for one pass: the API's answer, or, with a
+    ``cache``, what the watches delivered (the namespace seeded first if it is not yet).
+
+    Raises:
+        kube.KubeError: seeding was refused (``read`` raises it too, for a refused GET).
+    """
+    if cache is None:
+        return lambda kind, name: kube.get(kind, namespace, name)
+    if not cache.seeded(namespace):
+        with _seeding:  # the first passes in a namespace often start together: one lists
+            if not cache.seeded(namespace):
+                seed_namespace(cache, namespace)
+    return lambda kind, name: cache.get(kind, namespace, name)
+
+
 def _reconcile(namespace: str, name: str, settings: OperatorSettings,
-               now: datetime.datetime) -> Outcome:
-    body = kube.get(resource.KIND, namespace, name)
+               now: datetime.datetime, cache: WatchCache | None) -> Outcome:
+    logger.debug("pass service=%s/%s", namespace, name)
+    read = _reader(cache, namespace)
+    body = read(resource.KIND, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return Outcome()
     generation = body["metadata"].get("generation")
@@ -107,11 +182,11 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
         if problems:
             raise schema.SpecError(problems)
     except schema.SpecError as exc:
-        _refuse(body, previous, generation, str(exc), now)
+        _refuse(body, previous, generation, str(exc), now, cache)
         return Outcome(invalid=str(exc))
 
     owner = manifests.Owner.from_body(body)
-    live = {_key(obj): kube.get(obj["kind"], namespace, obj["metadata"]["name"])
+    live = {_key(obj): read(obj["kind"], obj["metadata"]["name"])
             for obj in manifests.children(isvc, owner, settings, active_role="primary")}
     current = (previous.get("activeModel") or _selected_role(live[("Service", name)])
                or isvc.traffic)
@@ -123,7 +198,7 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
     # counts no Ready replica until its own pods are Ready; then the Service and the rest.
     for desired in manifests.children(isvc, owner, settings, active_role=current):
         if desired["kind"] in SERVED_FIRST:
-            _apply(desired, live, owner, done)
+            _apply(desired, live, owner, done, cache)
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
     plan = reconcile.plan_traffic(
@@ -134,7 +209,7 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
                                       min_replicas=plan.min_replicas):
         if desired["kind"] not in SERVED_FIRST or (desired["kind"] == "ConfigMap"
                                                    and plan.active != current):
-            _apply(desired, live, owner, done)
+            _apply(desired, live, owner, done, cache)
     created, patched, conflicts, refused = (done["created"], done["patched"], done["conflict"],
                                             done["refused"])
 
@@ -142,7 +217,7 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
                    for role in manifests.ROLES}
     _write_status(body, lambda stored: build_status(
         stored, isvc, generation=generation, plan=plan, deployments=deployments,
-        conflicts=conflicts, refused=refused, now=now))
+        conflicts=conflicts, refused=refused, now=now), cache)
     outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
                       conflicts=tuple(conflicts), refused=tuple(refused))
     _announce(body, previous, outcome, now)
@@ -155,12 +230,13 @@ in between (409)."""
 
 
 def _write_status(body: Mapping[str, Any],
-                  compute: Callable[[Mapping[str, Any]], dict[str, Any]]) -> bool:
+                  compute: Callable[[Mapping[str, Any]], dict[str, Any]],
+                  cache: WatchCache | None = None) -> bool:
     """Write the owned status that ``compute`` makes from the stored one, if it differs, with
     the object's ``resourceVersion`` as a precondition: a writer that came in between (the SLO
     guard setting ``SLOMet``, anyone's condition) makes the API answer 409, and the status is
     read and computed again, so no one's condition is lost to a stale read. Returns whether
-    it wrote.
+    it wrote. What it writes or reads is kept in ``cache``.
 
     Raises:
         kube.KubeError: the API refused, or others wrote in between :data:`STATUS_ATTEMPTS`
@@ -178,10 +254,14 @@ def _write_status(body: Mapping[str, Any],
             return False
         patch["metadata"] = {"resourceVersion": current["metadata"]["resourceVersion"]}
         try:
-            kube.patch_status(namespace, name, patch)
+            stored = kube.patch_status(namespace, name, patch)
+            if cache is not None:
+                cache.keep(stored)
             return True
         except kube.Conflict:
             current = kube.get(resource.KIND, namespace, name)
+            if cache is not None and current is not None:
+                cache.keep(current)
     raise kube.KubeError(409, "Conflict", f"status of {namespace}/{name}: other writers came "
                          f"in between {STATUS_ATTEMPTS} times in a row")
 
@@ -191,8 +271,10 @@ SERVED_FIRST = ("ConfigMap", "Deployment")
 
 
 def _apply(desired: Mapping[str, Any], live: dict[tuple[str, str], Any],
-           owner: manifests.Owner, done: dict[str, list[str]]) -> None:
-    """Apply one child (:func:`_apply_child`), keep what is stored now in ``live``, and note
+           owner: manifests.Owner, done: dict[str, list[str]],
+           cache: WatchCache | None = None) -> None:
+    """Apply one child (:func:`_apply_child`), keep what is stored now in ``live`` (and in
+    ``cache``), and note
     what was done in ``done`` (``created``, ``patched``, ``conflict``, ``refused``; a child
     already listed is not listed twice).
 
@@ -210,6 +292,8 @@ def _apply(desired: Mapping[str, Any], live: dict[tuple[str, str], Any],
         return
     if stored is not None:
         live[key] = stored
+        if cache is not None:
+            cache.keep(stored)
     if action is not None and label not in done[action]:
         done[action].append(label)
 
@@ -253,10 +337,10 @@ def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
 
 
 def _refuse(body: Mapping[str, Any], previous: Mapping[str, Any], generation: int | None,
-            message: str, now: datetime.datetime) -> None:
+            message: str, now: datetime.datetime, cache: WatchCache | None) -> None:
     meta = body["metadata"]
     if not _write_status(body, lambda stored: invalid_status(
-            stored, generation=generation, message=message, now=now)):
+            stored, generation=generation, message=message, now=now), cache):
         return
     before = conditions.find_condition(previous, "Ready") or {}
     if before.get("reason") != "InvalidSpec" or not before.get("message", "").startswith(message):
@@ -347,6 +431,13 @@ def _known(memo: Any) -> KnownServices:
     return known
 
 
+def _cache(memo: Any) -> WatchCache:
+    cache = getattr(memo, "watch_cache", None)
+    if cache is None:
+        cache = memo.watch_cache = WatchCache()
+    return cache
+
+
 def _seen(memo: Any) -> SeenChildren:
     seen = getattr(memo, "seen_children", None)
     if seen is None:
@@ -363,6 +454,7 @@ async def resync(memo: Any) -> None:
     """
     settings: OperatorSettings = memo.tailguard
     known = _known(memo)
+    cache = _cache(memo)
     peers: Peering | None = getattr(memo, "peering", None)
     namespaces = getattr(memo, "namespaces", ())
     while True:
@@ -377,6 +469,7 @@ async def resync(memo: Any) -> None:
                 exc, kube.KubeError))
             continue
         standby: dict[str, bool] = {}  # per namespace, for an operator watching namespaces
+        listed: set[str] = set()  # namespaces seeded again this round
         for namespace, name in targets:
             try:
                 if peers is not None and namespaces:
@@ -385,7 +478,11 @@ async def resync(memo: Any) -> None:
                                                                          namespace)
                     if standby[namespace]:
                         continue
-                outcome = await asyncio.to_thread(reconcile_service, namespace, name, settings)
+                if namespace not in listed:  # what a silent watch missed is corrected here
+                    await asyncio.to_thread(seed_namespace, cache, namespace)
+                    listed.add(namespace)
+                outcome = await asyncio.to_thread(reconcile_service, namespace, name, settings,
+                                                  cache=cache)
             except Exception as exc:
                 logger.warning("resync failed service=%s/%s error=%s", namespace, name, exc,
                                exc_info=not isinstance(exc, kube.KubeError))
@@ -437,7 +534,8 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.resume(resource.GROUP, resource.VERSION, resource.PLURAL)
 @kopf.on.create(resource.GROUP, resource.VERSION, resource.PLURAL)
 @kopf.on.update(resource.GROUP, resource.VERSION, resource.PLURAL)
-def reconcile_handler(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+def reconcile_handler(*, namespace: str | None, name: str, body: kopf.Body, memo: Any,
+                      **_: Any) -> None:
     """Reconcile on create/update/resume. An invalid spec fails permanently (after its status
     condition is written); a child the API server refused is retried after a delay. A traffic
     switch waiting for Ready replicas is not an error: the pass reported it (the ``RolledBack``
@@ -446,7 +544,9 @@ def reconcile_handler(*, namespace: str | None, name: str, memo: Any, **_: Any) 
     every few seconds, for as long as the wait lasted)."""
     settings: OperatorSettings = memo.tailguard
     _known(memo).add(namespace or "", name)
-    outcome = reconcile_service(namespace or "", name, settings)
+    cache = _cache(memo)
+    cache.keep(body)
+    outcome = reconcile_service(namespace or "", name, settings, cache=cache)
     if outcome.invalid is not None:
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
     if outcome.refused:
@@ -456,9 +556,15 @@ def reconcile_handler(*, namespace: str | None, name: str, memo: Any, **_: Any) 
 
 def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, memo: Any,
                   **_: Any) -> None:
-    """A child was added, changed or deleted: reconcile its owner (restores hand edits and
-    deletions; moves pending traffic once the target's pods are Ready). The initial listing
-    is skipped: resuming the owners covers it."""
+    """A child was added, changed or deleted: keep it in the watch cache, and reconcile its
+    owner (restores hand edits and deletions; moves pending traffic once the target's pods are
+    Ready), one more pass at most while a pass runs (:func:`reconcile_soon`). The initial
+    listing is kept but starts no pass: resuming the owners covers it."""
+    cache = _cache(memo)
+    if type == "DELETED":
+        cache.drop(body)
+    else:
+        cache.keep(body)
     owner = _owner_name(body)
     if type is None or owner is None or namespace is None:
         return
@@ -467,10 +573,20 @@ def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, m
         return  # a status write that no pass reads (the HPA controller's, every few seconds)
     _known(memo).add(namespace, owner)
     try:
-        reconcile_service(namespace, owner, memo.tailguard)
+        reconcile_soon(namespace, owner, memo.tailguard, cache)
     except BaseException:
         seen.forget(body)  # the next event of this child must get its pass
         raise
+
+
+@kopf.on.event(resource.GROUP, resource.VERSION, resource.PLURAL, id="watch-cache")
+def service_changed(*, type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Keep each InferenceService the watch delivers in the watch cache (its passes are
+    started by the create, update and resume handlers)."""
+    if type == "DELETED":
+        _cache(memo).drop(body)
+    else:
+        _cache(memo).keep(body)
 
 
 for _group, _version, _plural in _CHILDREN:
@@ -494,13 +610,15 @@ def run_operator(namespaces: Sequence[str] | None = None, *, peering: bool | str
         ValueError: bad ``TAILGUARD_*`` environment variables.
     """
     kopf.configure(verbose=verbose)
+    chosen = settings or OperatorSettings.from_env(os.environ)
+    logging.getLogger("tailguard").setLevel(chosen.log_level.upper())
     # Peers with equal priority all pause (kopf's rule), so each replica draws its own.
     priority = random.randint(1, 2**31 - 1) if peering else None
     # An empty name must reach kopf as None: any string makes peering mandatory, and kopf then
     # pauses every watch until a peering object appears.
     name = peering if isinstance(peering, str) and peering else None
     peers = None if priority is None else Peering(name or DEFAULT_PEERING, priority)
-    memo = kopf.Memo(tailguard=settings or OperatorSettings.from_env(os.environ),
+    memo = kopf.Memo(tailguard=chosen,
                      namespaces=list(namespaces or ()), peering=peers)
     kopf.run(clusterwide=not namespaces, namespaces=list(namespaces or ()),
              standalone=not peering, peering_name=name, priority=priority, memo=memo,

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import kubernetes
 import urllib3
@@ -168,17 +168,23 @@ def peering_status(name: str, namespace: str | None) -> dict[str, Any] | None:
         return None
 
 
-def list_names(kind: str, namespace: str | None) -> list[tuple[str, str]]:
-    """``(namespace, name)`` of every object of ``kind`` in ``namespace`` (every namespace
-    when ``None``), sorted.
+def list_objects(kind: str, namespace: str | None, label_selector: str | None = None
+                 ) -> tuple[list[dict[str, Any]], str]:
+    """Every object of ``kind`` in ``namespace`` (every namespace when ``None``) that
+    ``label_selector`` selects (all when ``None``), each with its ``kind`` and ``apiVersion``
+    set (a list's items carry neither), and the list's ``resourceVersion``.
 
     Raises:
         KubeError: the API refused (403 without list permission, ...).
     """
     prefix, plural = _PATHS[kind]
     path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
-    items = _request("GET", path).get("items") or []
-    return sorted((i["metadata"]["namespace"], i["metadata"]["name"]) for i in items)
+    params = [("labelSelector", label_selector)] if label_selector else []
+    answer = _request("GET", path, params=params)
+    api_version = prefix.removeprefix("/apis/").removeprefix("/api/")
+    items = [{**item, "kind": kind, "apiVersion": api_version}
+             for item in answer.get("items") or []]
+    return items, str((answer.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def create(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -296,12 +302,13 @@ def _api_client() -> Any:
 
 def _request(method: str, path: str, *, body: Mapping[str, Any] | None = None,
              content_type: str = "application/json",
-             field_manager: str | None = None) -> dict[str, Any]:
+             field_manager: str | None = None,
+             params: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     client = _api_client()
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
-    query = [("fieldManager", field_manager)] if field_manager else None
+    query = [*params, *([("fieldManager", field_manager)] if field_manager else [])] or None
     request = client.param_serialize(method, path, query_params=query, header_params=headers,
                                      body=body, auth_settings=["BearerToken"])
     try:

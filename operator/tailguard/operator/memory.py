@@ -49,11 +49,11 @@ def resync_targets(namespaces: Sequence[str], known: KnownServices) -> list[tupl
         kube.KubeError: a list was refused.
     """
     found = set(known.snapshot())
-    if not namespaces:
-        found.update(kube.list_names(resource.KIND, None))
-    for namespace in namespaces:
-        if not any(ch in namespace for ch in "*?[!"):
-            found.update(kube.list_names(resource.KIND, namespace))
+    scopes: list[str | None] = list(namespaces) if namespaces else [None]
+    for namespace in scopes:
+        if namespace is None or not any(ch in namespace for ch in "*?[!"):
+            items, _ = kube.list_objects(resource.KIND, namespace)
+            found.update((i["metadata"]["namespace"], i["metadata"]["name"]) for i in items)
     return sorted(found)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 ENV_PREFIX = "TAILGUARD_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,18 @@ class OperatorSettings:
     """Every this many seconds (``TAILGUARD_RESYNC_SECONDS``) each InferenceService the
     operator knows is reconciled again, whatever the watches said: a child deleted while a
     watch was reconnecting is restored within one period. A pass that finds nothing to change
-    writes nothing, so the resync costs reads only. Two minutes bound the repair time at a few
-    GET requests per InferenceService per period."""
+    writes nothing, so the resync costs reads only: six LIST requests per namespace (the
+    InferenceServices and each child kind, into the watch cache the passes read), whatever the
+    number of InferenceServices in it."""
+    log_level: str = "INFO"
+    """Level of the operator's own loggers, ``tailguard.*`` (``TAILGUARD_LOG_LEVEL``: ``DEBUG``,
+    ``INFO``, ``WARNING`` or ``ERROR``; kopf's follow ``--verbose``). ``DEBUG`` adds one line
+    per reconcile pass."""
+
+    def __post_init__(self) -> None:
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"{ENV_PREFIX}LOG_LEVEL: expected one of {', '.join(LOG_LEVELS)}, "
+                             f"got {self.log_level!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "OperatorSettings":
