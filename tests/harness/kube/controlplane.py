@@ -36,7 +36,7 @@ from tailguard._util.net import free_port
 
 from . import pki
 
-SERVICE_CIDR = "10.96.0.0/24"
+SERVICE_CIDR = "10.96.0.0/16"
 """Cluster IPs the API server hands out (addresses in API objects only: nothing routes there)."""
 SERVICE_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODES = ("kwok-node-0", "kwok-node-1")
