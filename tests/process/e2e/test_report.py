@@ -133,13 +133,15 @@ their presence is structure, their keys are not."""
 
 
 def structure(value: Any, path: str = "") -> Iterator[str]:
-    """Every key path of a JSON document, list positions folded into ``[]``."""
+    """Every key path of a JSON document, list positions folded into ``[]``; a list is a path
+    of its own whether or not it is empty (a run's ``invalid`` reasons are often none)."""
     if path.rsplit(".", 1)[-1] in KEYED_BY_DATA:
         yield path
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from structure(item, f"{path}.{key}")
     elif isinstance(value, list):
+        yield f"{path}[]"
         for item in value:
             yield from structure(item, f"{path}[]")
     else:
