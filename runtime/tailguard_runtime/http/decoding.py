@@ -71,6 +71,5 @@ def _when_due(decode: Callable[[], T], deadline: float, client_gone: Callable[[]
     if client_gone():
         raise IncompleteBody("the connection closed before the request body was parsed")
     if perf_counter() >= deadline:
-        raise DecodeLate("the request's deadline passed while its body waited to be "
-                               "parsed")
+        raise DecodeLate("the request's deadline passed while its body waited to be parsed")
     return decode()

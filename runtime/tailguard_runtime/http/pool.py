@@ -283,9 +283,9 @@ class ConnectionPool:
         if report is not None:
             counts, seconds = report
             logger.warning("%d request(s) left unanswered by connections that closed%s: %s "
-                        "(see tailguard_requests_unanswered_total)", sum(counts.values()),
-                        f" in {seconds:.1f} s" if seconds else "",
-                        ", ".join(f"{stage} {n}" for stage, n in sorted(counts.items())))
+                           "(see tailguard_requests_unanswered_total)", sum(counts.values()),
+                           f" in {seconds:.1f} s" if seconds else "",
+                           ", ".join(f"{stage} {n}" for stage, n in sorted(counts.items())))
 
     def refused(self, exc: TailguardError) -> None:
         """Count one request refused below the app with the answer to ``exc``."""
