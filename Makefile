@@ -2,8 +2,9 @@
 #   make up     create .venv, install tailguard, serve examples/digits.yaml on 127.0.0.1:8080
 #               (make up PORT=9090 EXAMPLE=examples/iris.yaml to change either)
 #   make test   create .venv, install tailguard with its test tools (and helm), build the
-#               Kubernetes control plane the tests run on (Go needed; cached outside the clone,
-#               ~11 min the first time), run the suite
+#               project's images (hack/image/build.py: root and debootstrap needed, ~2 min the
+#               first time) and the Kubernetes control plane and node the tests run on (Go
+#               needed; cached outside the clone, ~12 min the first time), run the suite
 #   make test-kube KUBE_VERSION=v1.34.4   the cluster tests against another pinned release
 #   make crds   copy crds/*.yaml (the one source) into the operator package and the chart
 VENV ?= .venv
@@ -47,12 +48,14 @@ KUBE_VERSION ?= v1.37.2
 # it stops with one line saying so. Two pytest-xdist workers: the control-plane tests in one
 # (one control plane), the other modules shared between both (tests/conftest.py groups them).
 test: install-test
-	@bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
+	@python3 hack/image/build.py >/dev/null && \
+	bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" \
 	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -n 2 --dist loadgroup
 
 test-kube: install-test
-	@bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
+	@python3 hack/image/build.py >/dev/null && \
+	bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" \
 	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -m cluster
 

@@ -1,7 +1,7 @@
 """Build the Kubernetes control plane the tests run on, once, into a cache outside the clone.
 
-Builds ``etcd``, ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler`` and
-``kubectl`` from the pinned module in ``hack/kube/<tag>/`` (see ``gomod.py``) and ``kwok`` from
+Builds ``etcd``, ``kube-apiserver``, ``kube-controller-manager``, ``kube-scheduler``,
+``kubectl``, and the node's ``kubelet`` and ``kube-proxy`` from the pinned module in ``hack/kube/<tag>/`` (see ``gomod.py``) and ``kwok`` from
 ``hack/kwok/``, with the local Go toolchain (``GOTOOLCHAIN=local``), ``CGO_ENABLED=0`` and
 ``-trimpath``. The cache folder is keyed by the tag and a digest of every file that pins the
 build (go.mod, go.sum, our etcd main), so a change of pins builds anew and an unchanged checkout
@@ -35,7 +35,7 @@ DEFAULT_TAG = "v1.37.2"
 builds; k8s.io/kubernetes v1.38 is not released."""
 KWOK = HERE.parent / "kwok"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-            "kwok")
+            "kubelet", "kube-proxy", "kwok")
 KWOK_STAGES = "kwok-stages.yaml"
 """kwok's own stages (its module's ``kustomize/stage`` files), copied beside the binaries: plain
 ``kwok`` plays no stage unless told, and only ``kwokctl`` bundles these defaults."""
@@ -126,7 +126,7 @@ def ldflags(tag: str) -> str:
 
 
 def build(tag: str, *, log: bool = True) -> Path:
-    """The folder holding the six binaries (and kwok's stages) for ``tag``, building them if
+    """The folder holding the binaries (and kwok's stages) for ``tag``, building them if
     the cache lacks them.
 
     Raises:
@@ -167,7 +167,7 @@ def _build_into(staging: Path, folder: Path, tag: str, target: Path, log: bool) 
     staging.mkdir(parents=True)
     flags = ["-trimpath", "-ldflags", ldflags(tag), "-o", str(staging) + os.sep]
     steps = [(folder, [*TOOLS, "./etcd"], "etcd, kube-apiserver, kube-controller-manager, "
-              "kube-scheduler, kubectl"),
+              "kube-scheduler, kubectl, kubelet, kube-proxy"),
              (KWOK, ["sigs.k8s.io/kwok/cmd/kwok"], "kwok")]
     for cwd, packages, what in steps:
         started = time.monotonic()

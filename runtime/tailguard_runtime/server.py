@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    """A uvicorn server whose SIGTERM/SIGINT first drains the runtime, then exits."""
+    """A uvicorn server whose SIGTERM/SIGINT first drains the runtime, then exits; SIGUSR1 (the
+    pod's preStop hook) makes it leave (:meth:`Runtime.leave`) and keep serving."""
 
     def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
         super().__init__(config)
@@ -51,11 +52,18 @@ class DrainingServer(uvicorn.Server):
         signals = (signal.SIGTERM, signal.SIGINT)
         for sig in signals:
             loop.add_signal_handler(sig, self.begin_shutdown, sig)
+        loop.add_signal_handler(signal.SIGUSR1, self.leave)
         try:
             yield
         finally:
-            for sig in signals:
+            for sig in (*signals, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
+
+    def leave(self) -> None:
+        """SIGUSR1: the pod is leaving; answers carry ``Connection: close`` from now on."""
+        if not self.runtime.leaving:
+            logger.info("signal SIGUSR1: leaving (answers close their connections)")
+        self.runtime.leave()
 
     def begin_shutdown(self, sig: int = signal.SIGTERM) -> None:
         """Start the drain (first signal); a second SIGINT forces the exit."""
@@ -162,8 +170,8 @@ async def follow_traffic(runtime: Runtime, config_path: str, role: str,
                 last_mtime = mtime
                 with open(config_path, encoding="utf-8") as fh:
                     active = RuntimeSettings.active_model_of(json.load(fh), role)
-                if runtime.keep_alive != (active == role):
-                    runtime.keep_alive = active == role
+                if runtime.keep_alive != (active == role and not runtime.leaving):
+                    runtime.keep_alive = active == role and not runtime.leaving
                     logger.info("traffic role=%s active=%s keep_alive=%s", role, active,
                                 runtime.keep_alive)
         except (OSError, ValueError) as exc:

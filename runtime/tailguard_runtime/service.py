@@ -125,8 +125,11 @@ class Runtime:
         self.drain_report: DrainReport | None = None
         """Set when :meth:`drain` returns."""
         self.keep_alive = True
-        """False on a pod that traffic has left (cluster mode): answers carry ``Connection:
-        close`` so clients holding keep-alive connections reconnect through the Service."""
+        """False on a pod that traffic has left (cluster mode) or that is leaving: answers carry
+        ``Connection: close`` so clients holding keep-alive connections reconnect through the
+        Service."""
+        self.leaving = False
+        """True once :meth:`leave` was called (the pod's preStop hook): keep-alive stays off."""
         self.status_source: Callable[[], dict[str, Any]] | None = None
         """Set by ``tailguard up``: the InferenceService's status as its SLO guard keeps it (the
         CRD's ``status`` shape), served by the loopback ``GET /tailguard/status``."""
@@ -225,6 +228,13 @@ class Runtime:
         for served in self.models.values():
             served.batcher.start()
         self.ready = True
+
+    def leave(self) -> None:
+        """The pod is being removed (its preStop hook sent SIGUSR1): keep serving, but end every
+        connection after its next answer, so keep-alive clients reconnect through the Service
+        to pods that stay before this one stops admitting."""
+        self.leaving = True
+        self.keep_alive = False
 
     async def drain(self, grace_s: float) -> DrainReport:
         """Turn readiness off, stop admitting, flush, and wait up to ``grace_s`` seconds for

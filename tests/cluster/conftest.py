@@ -1,8 +1,9 @@
 """Fixtures of the tests on the real Kubernetes control plane (every test here is marked
 ``cluster``).
 
-``cluster`` starts one control plane per test session (only when a test asks for it), built from
-upstream by ``hack/kube/build.py``; ``installed`` is the Helm chart installed on it; ``namespace``
+``cluster`` starts one cluster per test session (only when a test asks for it): a control plane
+built from upstream by ``hack/kube/build.py``, kwok nodes, and a real node running the images
+``hack/image/build.py`` builds; ``installed`` is the Helm chart installed on it; ``namespace``
 gives each test a namespace of its own, deleted afterwards; ``admin`` is a client acting as the
 cluster admin; ``scene`` is one test's namespace with the chart installed and its operator run
 per test (``scene.operator()``). The Kubernetes version is ``$TAILGUARD_KUBE_VERSION`` (default:
@@ -25,7 +26,10 @@ from harness.hack import load
 from harness.kube.audit import AuditLog
 from harness.kube.client import ApiError, Client, wait_for
 from harness.kube.controlplane import ControlPlane, ControlPlaneError, bindir
+from harness.kube.holder import HolderError
+from harness.kube.images import ImageError, node_images
 from harness.kube.install import Installation, install
+from harness.kube.node import NodeError
 from harness.scene import Scene
 
 KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", load("build").DEFAULT_TAG)
@@ -33,19 +37,18 @@ KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", load("build").DEFAULT_TA
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A running control plane (etcd, API server, controller manager, scheduler, kwok)."""
+    """A running cluster in its own network namespace: the control plane (etcd, API server,
+    controller manager, scheduler), two kwok nodes, and one real node (containerd, kubelet,
+    kube-proxy) with the project's images imported."""
     try:
         binaries = bindir(KUBE_VERSION)
-        for attempt in (1, 2):  # a free port can be taken between choosing and binding it
-            plane = ControlPlane(binaries, tmp_path_factory.mktemp("cluster"), KUBE_VERSION)
-            try:
-                plane.start()
-                break
-            except ControlPlaneError:
-                if attempt == 2:
-                    raise
-    except ControlPlaneError as exc:
-        pytest.fail(f"no Kubernetes control plane: {exc}", pytrace=False)
+        images = node_images()
+        plane = ControlPlane(binaries, tmp_path_factory.mktemp("cluster"), KUBE_VERSION,
+                             images=[images[n].archive for n in ("pause", "runtime", "operator")],
+                             pause_image=images["pause"].ref)
+        plane.start()
+    except (ControlPlaneError, NodeError, HolderError, ImageError) as exc:
+        pytest.fail(f"no Kubernetes cluster: {exc}", pytrace=False)
     try:
         yield plane
     finally:

@@ -1,5 +1,6 @@
-"""The build scripts of ``hack/kube`` as modules: they are stdlib-only scripts run before any
-virtualenv exists, so they are loaded from their files rather than installed."""
+"""The build scripts of ``hack/kube`` and ``hack/image`` as modules: they are stdlib-only
+scripts run before any virtualenv exists, so they are loaded from their files rather than
+installed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,23 @@ def load(name: str) -> ModuleType:
     if name == "build":
         load("gomod")
     spec = importlib.util.spec_from_file_location(key, HACK_KUBE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+HACK_IMAGE = REPO / "hack" / "image"
+"""The folder of the image builder ``build.py`` (and the pause program's sources)."""
+
+
+def load_image() -> ModuleType:
+    """``hack/image/build.py`` as a module, registered as ``hack_image_build`` (loaded once)."""
+    key = "hack_image_build"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, HACK_IMAGE / "build.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module

@@ -14,17 +14,18 @@ class ResponseParser:
 
     :meth:`feed` returns the status codes of the responses completed by the bytes given.
     Handles ``Content-Length``, chunked bodies (trailers skipped) and bodiless statuses; ``close``
-    is set once a response carried ``Connection: close``. With ``capture`` (a lower-case header
-    name), ``captured`` holds that header's value in the last response head read (None: absent).
+    is set once a response carried ``Connection: close``. With ``capture`` (lower-case header
+    names), ``captured`` holds those headers' values in the last response head read, in the
+    same order (None: absent).
     Raises ValueError on malformed input.
     """
 
     __slots__ = ("buf", "status", "remaining", "chunked", "in_body", "close", "capture",
                  "captured")
 
-    def __init__(self, capture: bytes | None = None) -> None:
+    def __init__(self, capture: tuple[bytes, ...] = ()) -> None:
         self.capture = capture
-        self.captured: str | None = None
+        self.captured: list[str | None] = [None] * len(capture)
         self.buf = bytearray()
         self.status = 0
         self.remaining = 0
@@ -65,7 +66,7 @@ class ResponseParser:
             raise ValueError(f"bad status line {lines[0][:80]!r}")
         self.status = int(lines[0][9:12])
         self.remaining, self.chunked = 0, False
-        self.captured = None
+        self.captured = [None] * len(self.capture)
         for line in lines[1:]:
             key, _, value = line.partition(b":")
             key = key.strip().lower()
@@ -75,8 +76,8 @@ class ResponseParser:
                 self.chunked = b"chunked" in value.lower()
             elif key == b"connection":
                 self.close = self.close or b"close" in value.lower()
-            elif key == self.capture:
-                self.captured = value.strip().decode("latin-1")
+            elif key in self.capture:
+                self.captured[self.capture.index(key)] = value.strip().decode("latin-1")
 
     def _chunks(self) -> bool:
         """Consume whole chunks; True once the last chunk and the trailers are consumed."""

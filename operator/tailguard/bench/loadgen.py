@@ -175,8 +175,8 @@ class _Run:
         self.lags = array("d")
         self.waits = array("d")
         self.answers = self.oks = 0
-        self.capture = b"x-tailguard-role" if record else None
-        self.records: list[tuple[float, float, float, int, str | None]] | None = (
+        self.capture = (b"x-tailguard-role", b"x-tailguard-model") if record else ()
+        self.records: list[tuple[float, float, float, int, Any]] | None = (
             [] if record else None)
 
     # -- recording
@@ -196,7 +196,7 @@ class _Run:
             else:
                 self.codes[status] = self.codes.get(status, 0) + 1
             if self.records is not None:
-                self.records.append((sched, start, now, status, conn.parser.captured))
+                self.records.append((sched, start, now, status, tuple(conn.parser.captured)))
         if conn.parser.close:
             conn.transport.close()
             return
@@ -447,7 +447,7 @@ def _result(run: _Run, schedule: Schedule, window_s: float, cpu: float,
         result.records = [
             {"scheduled": round(sched + to_unix, 6), "sent": round(start + to_unix, 6),
              "done": round(done + to_unix, 6), "status": status,
-             **({"error": extra} if status == 0 else {"role": extra})}
+             **({"error": extra} if status == 0 else {"role": extra[0], "model": extra[1]})}
             for sched, start, done, status, extra in sorted(run.records)]
     result.invalid = judge(result.schedule_lag_ms, cpu, run.bounds.max_lag_p99_ms)
     return result

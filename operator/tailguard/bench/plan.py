@@ -185,8 +185,9 @@ class LoadResult:
     ``latencies_s`` holds every 200 answer's latency (s, in completion order) for callers that
     need more than the percentiles; ``records`` (when asked for) one dict per request of the
     window in scheduled order: ``scheduled``, ``sent`` (latency start) and ``done`` in Unix
-    seconds, ``status`` (0 for a transport error, then ``error`` names it) and ``role`` (the
-    ``X-Tailguard-Role`` answer header, None when absent). :meth:`as_dict` leaves both out.
+    seconds, ``status`` (0 for a transport error, then ``error`` names it), ``role`` and
+    ``model`` (the ``X-Tailguard-Role`` and ``X-Tailguard-Model`` answer headers, None when
+    absent). :meth:`as_dict` leaves both out.
     """
 
     mode: str

@@ -62,7 +62,8 @@ def add_parser(sub: Any) -> None:
     cmd.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     cmd.add_argument("--records", metavar="FILE",
                      help="also write one JSON line per request of each measured window: run, "
-                          "scheduled, sent, done (Unix s), status, role (X-Tailguard-Role)")
+                          "scheduled, sent, done (Unix s), status, role and model "
+                          "(X-Tailguard-Role, X-Tailguard-Model)")
     cmd.set_defaults(func=run)
 
 

@@ -126,6 +126,13 @@ def termination_grace_seconds(isvc: resource.InferenceService, settings: Operato
     return settings.pre_stop_seconds + drain_grace_seconds(isvc) + 10
 
 
+def pre_stop_command(settings: OperatorSettings) -> list[str]:
+    """The runtime container's preStop hook: SIGUSR1 to the runtime (PID 1 of its container:
+    from then on it answers with ``Connection: close``), then ``settings.pre_stop_seconds`` of
+    sleep while the endpoints and kube-proxy's rules drop the pod."""
+    return ["sh", "-c", f"kill -USR1 1; exec sleep {settings.pre_stop_seconds}"]
+
+
 def runtime_config(isvc: resource.InferenceService, active_role: str) -> dict[str, Any]:
     """The JSON the runtime reads: the service's runtime settings, with the drain this module
     chooses (:func:`drain_grace_seconds`), as
@@ -191,7 +198,8 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
                            **probe, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": PORT_NAME},
                           "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3},
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(settings.pre_stop_seconds)]}}},
+        # Tell the runtime (PID 1) it is leaving, then keep serving while endpoints drop it.
+        "lifecycle": {"preStop": {"exec": {"command": pre_stop_command(settings)}}},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -209,6 +217,10 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
                             "runAsGroup": settings.run_as_user, "fsGroup": settings.run_as_user,
                             "seccompProfile": {"type": "RuntimeDefault"}},
     }
+    if settings.runtime_node_selector:
+        pod_spec["nodeSelector"] = dict(settings.runtime_node_selector)
+    if settings.runtime_tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in settings.runtime_tolerations]
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _metadata(isvc, owner, "Deployment", role),

@@ -9,8 +9,9 @@ is read at import time. The manifest builders and the handlers receive the objec
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Mapping
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 ENV_PREFIX = "TAILGUARD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -39,7 +40,15 @@ class OperatorSettings:
     """Memory limit of one runtime pod (``TAILGUARD_MEMORY_LIMIT``)."""
     pre_stop_seconds: int = 5
     """Seconds a terminating pod keeps serving before SIGTERM (``TAILGUARD_PRE_STOP_SECONDS``),
-    so that endpoints and kube-proxy rules drop it first."""
+    so that endpoints and kube-proxy rules drop it first. The preStop hook first tells the
+    runtime it is leaving (SIGUSR1): its answers then carry ``Connection: close``, so clients
+    on kept-alive connections reconnect through the Service to pods that stay."""
+    runtime_node_selector: dict[str, str] = field(default_factory=dict)
+    """``nodeSelector`` of every runtime pod (``TAILGUARD_RUNTIME_NODE_SELECTOR``, a JSON
+    object; empty: none)."""
+    runtime_tolerations: list[dict[str, Any]] = field(default_factory=list)
+    """``tolerations`` of every runtime pod (``TAILGUARD_RUNTIME_TOLERATIONS``, a JSON list of
+    Kubernetes tolerations; empty: none)."""
     run_as_user: int = 10001
     """UID (and GID) the runtime runs as (``TAILGUARD_RUN_AS_USER``); matches the runtime image's
     non-root user."""
@@ -69,14 +78,18 @@ class OperatorSettings:
         """Build from ``TAILGUARD_<FIELD_NAME_UPPER>`` variables; absent ones keep the default.
 
         Raises:
-            ValueError: a numeric variable that does not parse, or a non-positive number.
+            ValueError: a numeric variable that does not parse, or a non-positive number; a
+                JSON variable that does not parse or has the wrong shape.
         """
         values: dict[str, object] = {}
         for f in dataclasses.fields(cls):
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw == "":
                 continue
-            if f.type in ("int", "float"):
+            if isinstance(f.type, str) and f.type.startswith(("dict[", "list[")):
+                values[f.name] = _json_value(ENV_PREFIX + f.name.upper(), raw,
+                                             dict if f.type.startswith("dict[") else list)
+            elif f.type in ("int", "float"):
                 try:
                     number = int(raw) if f.type == "int" else float(raw)
                 except ValueError:
@@ -88,3 +101,22 @@ class OperatorSettings:
             else:
                 values[f.name] = raw
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _json_value(variable: str, raw: str, kind: type) -> Any:
+    """``raw`` parsed as JSON, which must be a ``kind`` (dict: string values; list: objects).
+
+    Raises:
+        ValueError: names ``variable``, and says what was wrong.
+    """
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{variable}: not JSON ({exc})") from None
+    if kind is dict and not (isinstance(value, dict)
+                             and all(isinstance(v, str) for v in value.values())):
+        raise ValueError(f"{variable}: expected a JSON object of strings, got {raw!r}")
+    if kind is list and not (isinstance(value, list)
+                             and all(isinstance(v, dict) for v in value)):
+        raise ValueError(f"{variable}: expected a JSON list of objects, got {raw!r}")
+    return value

@@ -1,26 +1,28 @@
-"""Start and stop a Kubernetes control plane on 127.0.0.1, as a real cluster runs one.
+"""Start and stop a Kubernetes cluster in a private network namespace, as a real cluster runs.
 
 :class:`ControlPlane` runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-kwok (binaries from ``hack/kube/build.py``) as child processes with free loopback ports, each
-with its own client certificate, and waits until the cluster has what a real one has before a
-test runs: a ready API server, the ``default`` ServiceAccount, and Ready nodes without the
-not-ready taint. The API server authorizes with ``Node,RBAC``, runs the default admission plugins
-plus ``NodeRestriction``, signs service account tokens, and writes an audit log of every write
-(:mod:`.audit`). Nodes are kwok's: their pods exist only as API objects, and kwok marks them
-Running and Ready, so Deployments report Ready replicas.
+kwok (binaries from ``hack/kube/build.py``) as child processes inside a :class:`~.holder.Holder`
+namespace, each with its own client certificate, and waits until the cluster has what a real
+one has before a test runs: a ready API server, the ``default`` ServiceAccount, and Ready nodes
+without the not-ready taint. The API server authorizes with ``Node,RBAC``, runs the default
+admission plugins plus ``NodeRestriction``, signs service account tokens, and writes an audit
+log of every write (:mod:`.audit`). It advertises the node address, so the ``kubernetes``
+Service leads to it.
 
-There are no containers, kubelet, kube-proxy or images: no pod runs a process, and a Service's
-cluster IP leads nowhere. Every process is ended by its PID in :meth:`ControlPlane.stop`.
+Two kinds of node: kwok's (:data:`NODES`), whose pods exist only as API objects that kwok marks
+Running and Ready, and, when asked for, one real node (:class:`~.node.Node`: containerd, runc,
+CNI, kubelet, kube-proxy) whose pods run the project's images; it is tainted, so only pods that
+tolerate it land there. The host reaches the API server through a loopback forwarder
+(:attr:`ControlPlane.url`); every kubeconfig of :attr:`ControlPlane.identities` uses it. Every
+process is ended by its PID in :meth:`ControlPlane.stop`, and the namespace with them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import time
@@ -32,12 +34,19 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from harness import REPO
-from tailguard._util.net import free_port
 
 from . import pki
+from .holder import NODE_IP, Holder
+from .node import POD_CIDR, Node
 
 SERVICE_CIDR = "10.96.0.0/16"
-"""Cluster IPs the API server hands out (addresses in API objects only: nothing routes there)."""
+"""Cluster IPs the API server hands out; inside the namespace they lead to pods on the real
+node (kube-proxy), from the host nowhere."""
+KWOK_POD_CIDR = "10.245.0.0/16"
+"""Pod addresses kwok writes into its pods' status (API values only)."""
+INNER_URL = "https://127.0.0.1:6443"
+"""The API server as the components inside the namespace reach it (a fresh namespace has
+every port free, so the ports there are fixed)."""
 SERVICE_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODES = ("kwok-node-0", "kwok-node-1")
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -78,8 +87,14 @@ class ControlPlane:
     bindir: Path
     workdir: Path
     version: str
+    images: list[Path] | None = None
+    """OCI archives for the real node (the first is the pause image); None: no real node."""
+    pause_image: str = ""
     url: str = ""
     identities: dict[str, Identity] = field(default_factory=dict)
+    holder: Holder | None = None
+    node: Node | None = None
+    _inner: dict[str, Path] = field(default_factory=dict)
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _authority: pki.Authority | None = None
 
@@ -113,6 +128,10 @@ class ControlPlane:
         (self.workdir / "logs").mkdir(exist_ok=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
+            self.holder = Holder(self.workdir / "namespace", SERVICE_CIDR,
+                                 (SERVICE_CIDR, POD_CIDR, f"{NODE_IP}/32"))
+            self.holder.start()
+            self.url = f"https://127.0.0.1:{self.holder.forward(6443)}"
             self._pki()
             etcd = self._start_etcd()
             self._start_apiserver(etcd)
@@ -121,13 +140,21 @@ class ControlPlane:
             self._create_nodes()
             self._wait(deadline, "the default ServiceAccount", self._default_service_account)
             self._wait(deadline, "Ready kwok nodes", self._nodes_ready)
+            if self.images is not None:
+                assert self._authority is not None
+                self.node = Node(self.holder, self.bindir, self.workdir / "node",
+                                 self._authority, INNER_URL, self.pause_image, self.images)
+                self.node.start(self._nodes_ready)
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
         """End every process this control plane started, newest first, by PID, each before
-        the next (an API server whose etcd is gone hangs in its graceful shutdown)."""
+        the next (an API server whose etcd is gone hangs in its graceful shutdown): the real
+        node first, the holder and its namespace last."""
+        if self.node is not None:
+            self.node.stop()
         for _, proc in reversed(self._procs):
             if proc.poll() is None:
                 proc.terminate()
@@ -138,6 +165,8 @@ class ControlPlane:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=5)
         self._procs.clear()
+        if self.holder is not None:
+            self.holder.stop()
 
     def kubectl(self, *args: str, identity: str = "admin", input: str | None = None,
                 check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -174,7 +203,11 @@ class ControlPlane:
         self._serving = authority.serving(
             "apiserver", dns=["localhost", "kubernetes", "kubernetes.default",
                               "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
-            ips=["127.0.0.1", "10.96.0.1"])
+            ips=["127.0.0.1", "10.96.0.1", NODE_IP])
+        # What the API server presents to kubelets (kubectl logs, exec): an admin of its own.
+        self._kubelet_client = authority.client("apiserver-kubelet-client",
+                                                user="kube-apiserver-kubelet-client",
+                                                groups=("system:masters",))
         self._sa_key = pki.signing_key(folder)
         for name, user, groups in (
                 ("admin", "tailguard-test-admin", ("system:masters",)),
@@ -184,15 +217,19 @@ class ControlPlane:
                 # touch its own node, so kwok runs as an admin of its own name.
                 ("kwok", "kwok-controller", ("system:masters",))):
             pair = authority.client(name, user=user, groups=groups)
-            self.identities[name] = Identity(user, self._kubeconfig(
-                name, {"client-certificate": str(pair.cert), "client-key": str(pair.key)}))
+            credentials = {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+            self.identities[name] = Identity(user, self._kubeconfig(name, credentials))
+            self._inner[name] = self._kubeconfig(f"{name}.inner", credentials, server=INNER_URL)
 
-    def _kubeconfig(self, name: str, user: dict[str, str], namespace: str = "default") -> Path:
+    def _kubeconfig(self, name: str, user: dict[str, str], namespace: str = "default",
+                    server: str | None = None) -> Path:
+        """A kubeconfig for the host's side (the forwarder) or, with ``server``, for
+        components inside the namespace."""
         path = self.workdir / f"{name}.kubeconfig"
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": name,
             "clusters": [{"name": "test", "cluster": {
-                "server": self.url or "https://127.0.0.1:0",
+                "server": server or self.url,
                 "certificate-authority": str(self.workdir / "pki" / "ca.crt")}}],
             "users": [{"name": name, "user": user}],
             "contexts": [{"name": name, "context": {"cluster": "test", "user": name,
@@ -203,16 +240,14 @@ class ControlPlane:
         return path
 
     def _spawn(self, name: str, args: Iterable[str]) -> subprocess.Popen[bytes]:
-        log = open(self.workdir / "logs" / f"{name}.log", "wb")  # noqa: SIM115 (child owns it)
-        proc = subprocess.Popen([self.binary(name.split("#")[0]), *args], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.workdir, preexec_fn=end_with_parent)
-        log.close()
+        assert self.holder is not None
+        proc = self.holder.spawn([self.binary(name.split("#")[0]), *args],
+                                 log=self.workdir / "logs" / f"{name}.log", cwd=self.workdir)
         self._procs.append((name, proc))
         return proc
 
     def _start_etcd(self) -> str:
-        client, peer = free_port(), free_port()
+        client, peer = 2379, 2380
         url = f"http://127.0.0.1:{client}"
         self._spawn("etcd", [
             "--name=test", f"--data-dir={self.workdir / 'etcd'}",
@@ -224,20 +259,17 @@ class ControlPlane:
         return url
 
     def _start_apiserver(self, etcd: str) -> None:
-        port = free_port()
-        self.url = f"https://127.0.0.1:{port}"
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-        for name, identity in self.identities.items():  # the port is known only now
-            config = yaml.safe_load(identity.kubeconfig.read_text())
-            config["clusters"][0]["cluster"]["server"] = self.url
-            identity.kubeconfig.write_text(yaml.safe_dump(config))
         self._spawn("kube-apiserver", [
             f"--etcd-servers={etcd}",
-            "--bind-address=127.0.0.1", f"--secure-port={port}",
-            # A loopback advertise address is refused by the endpoint reconciler; no pod ever
-            # reaches the kubernetes Service here anyway.
-            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            "--bind-address=0.0.0.0", f"--secure-port={INNER_URL.rsplit(':', 1)[1]}",
+            # The node address: the kubernetes Service's endpoint, which pods reach.
+            f"--advertise-address={NODE_IP}",
+            f"--kubelet-client-certificate={self._kubelet_client.cert}",
+            f"--kubelet-client-key={self._kubelet_client.key}",
+            f"--kubelet-certificate-authority={self.ca}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--tls-cert-file={self._serving.cert}",
             f"--tls-private-key-file={self._serving.key}",
             f"--client-ca-file={self.ca}",
@@ -253,7 +285,7 @@ class ControlPlane:
             "--profiling=false", "-v=1"])
 
     def _start_controllers(self) -> None:
-        kcm = self.identities["kube-controller-manager"].kubeconfig
+        kcm = self._inner["kube-controller-manager"]
         self._spawn("kube-controller-manager", [
             f"--kubeconfig={kcm}",
             "--bind-address=127.0.0.1", "--secure-port=0",  # no HTTPS: no port to race for
@@ -262,18 +294,18 @@ class ControlPlane:
             "--use-service-account-credentials=true", "--leader-elect=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--controllers=*", "--profiling=false", "-v=1"])
-        scheduler = self.identities["kube-scheduler"].kubeconfig
+        scheduler = self._inner["kube-scheduler"]
         self._spawn("kube-scheduler", [
             f"--kubeconfig={scheduler}",
             "--bind-address=127.0.0.1", "--secure-port=0",  # no HTTPS: no port to race for
             "--leader-elect=false", "--profiling=false", "-v=1"])
         self._spawn("kwok", [
-            f"--kubeconfig={self.identities['kwok'].kubeconfig}",
+            f"--kubeconfig={self._inner['kwok']}",
             f"--config={self.bindir / 'kwok-stages.yaml'}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-            "--node-lease-duration-seconds=40", "--cidr=10.244.0.1/16",
-            "--node-ip=10.240.0.1", f"--server-address=127.0.0.1:{free_port()}"])
+            "--node-lease-duration-seconds=40", f"--cidr={KWOK_POD_CIDR}",
+            "--node-ip=10.240.0.1", "--server-address=127.0.0.1:10247"])
 
     def _create_nodes(self) -> None:
         for name in NODES:
@@ -331,7 +363,7 @@ class ControlPlane:
 
     def _nodes_ready(self) -> bool:
         nodes = (self._get_json("nodes") or {}).get("items", [])
-        if len(nodes) < len(NODES):
+        if len(nodes) < len(NODES) + (self.node is not None):
             return False
         for node in nodes:
             conditions = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
@@ -340,14 +372,6 @@ class ControlPlane:
                 return False
         return True
 
-
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, never in a forked child
-
-
-def end_with_parent() -> None:
-    """In a child, before exec: ask Linux to send SIGTERM when the process that started it
-    dies (``PR_SET_PDEATHSIG``), so a killed test run leaves nothing running behind."""
-    _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def bindir(tag: str) -> Path:

@@ -22,9 +22,11 @@ from typing import Any, Mapping
 import yaml
 
 from harness import REPO
+from tailguard._util.net import free_port
 
 from .client import ApiError, Client, wait_for
-from .controlplane import ControlPlane, Identity, end_with_parent, free_port
+from .controlplane import ControlPlane, Identity
+from .procs import end_with_parent
 
 CHART = REPO / "charts" / "tailguard"
 RELEASE = "tailguard"

@@ -26,6 +26,7 @@ from harness.chart import (
     operator_container,
     validate_object,
 )
+from tailguard.operator.settings import OperatorSettings
 
 REPO_CRD = REPO / "crds" / "inferenceservice.yaml"
 
@@ -55,7 +56,8 @@ VALUE_SETS: dict[str, dict[str, Any] | None] = {
                               "pullPolicy": "Always"},
                     "resources": {"requests": {"cpu": "2", "memory": "1Gi"},
                                   "limits": {"memory": "2Gi"}},
-                    "preStopSeconds": 0},
+                    "preStopSeconds": 0, "nodeSelector": {"pool": "inference"},
+                    "tolerations": [{"key": "gpu", "operator": "Exists"}]},
         "imagePullSecrets": [{"name": "registry"}],
     },
 }
@@ -303,6 +305,9 @@ def test_overridden_values_reach_the_operator(helm: Helm) -> None:
     assert (env["TAILGUARD_CPU_REQUEST"], env["TAILGUARD_MEMORY_REQUEST"],
             env["TAILGUARD_MEMORY_LIMIT"], env["TAILGUARD_PRE_STOP_SECONDS"]) == (
         "2", "1Gi", "2Gi", "0")
+    settings = OperatorSettings.from_env(env)
+    assert settings.runtime_node_selector == {"pool": "inference"}
+    assert settings.runtime_tolerations == [{"key": "gpu", "operator": "Exists"}]
     pod = one(objs, "Deployment")["spec"]["template"]
     assert pod["spec"]["serviceAccountName"] == "platform-operator"
     assert pod["spec"]["imagePullSecrets"] == [{"name": "registry"}]

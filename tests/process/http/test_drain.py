@@ -204,3 +204,30 @@ def test_grace_period_end_answers_503_not_a_dropped_connection(
         assert answer.status_code == 503, answer.text
         assert "grace" in error_of(answer)
         assert server.proc.wait(timeout=EXIT_TIMEOUT_S) == 0
+
+
+def test_sigusr1_keeps_serving_but_closes_each_connection(
+        tmp_path: Path, probe_module: tuple[ModuleType, Path]) -> None:
+    """The preStop hook's signal: the pod is leaving. Answers stay 200, each one ends its
+    connection, readiness is unchanged until SIGTERM, and the runtime stays up."""
+    with probe_runtime(probe_module, tmp_path, name="leaving") as (server, _):
+        with server.client() as client:
+            before = client.post("/v1/models/leaving:predict", json=v1_body(probe_rows(1, seed=0)))
+            assert before.status_code == 200
+            assert before.headers.get("connection") != "close"
+            server.proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 5
+            while True:
+                after = client.post("/v1/models/leaving:predict", json=v1_body(probe_rows(1, seed=0)))
+                assert after.status_code == 200, after.text
+                if after.headers.get("connection") == "close":
+                    break
+                assert time.monotonic() < deadline, "answers never closed their connection"
+                time.sleep(0.02)
+            for _ in range(3):  # every later answer closes too, on a fresh connection each
+                again = client.post("/v1/models/leaving:predict", json=v1_body(probe_rows(1, seed=0)))
+                assert (again.status_code, again.headers.get("connection")) == (200, "close")
+            assert client.get("/v2/health/ready").status_code == 200
+        assert server.proc.poll() is None
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=EXIT_TIMEOUT_S) == 0

@@ -102,7 +102,7 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
     assert pod["volumes"][0] == {"name": "config", "configMap": {"name": "digits-runtime"}}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1].split()[-1])
     config = json.loads(manifests.config_map(resource.parse(SPECS["digits"]), OWNER, "primary")[
         "data"]["runtime.json"])
     assert pod["terminationGracePeriodSeconds"] > pre_stop + config["drainGraceSeconds"]
@@ -199,7 +199,19 @@ def test_operator_settings_reach_the_pods() -> None:
     assert container["image"] == "registry.example/rt:9"
     assert container["resources"]["requests"]["cpu"] == "2"
     assert container["resources"]["limits"] == {"memory": "3Gi"}
-    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "0"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == [
+        "sh", "-c", "kill -USR1 1; exec sleep 0"]
+    assert "nodeSelector" not in deployment["spec"]["template"]["spec"]
+    assert "tolerations" not in deployment["spec"]["template"]["spec"]
+
+
+def test_runtime_pods_go_where_the_settings_place_them() -> None:
+    toleration = {"key": "tailguard.dev/node", "operator": "Exists", "effect": "NoSchedule"}
+    for deployment in by_kind(build("defaults", runtime_node_selector={"type": "real"},
+                                    runtime_tolerations=[toleration]), "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"type": "real"}
+        assert pod["tolerations"] == [toleration]
 
 
 def test_cluster_problems_name_the_missing_checksum() -> None:

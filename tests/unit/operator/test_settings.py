@@ -26,3 +26,21 @@ def test_defaults_and_overrides() -> None:
 def test_bad_numbers_are_refused_naming_the_variable(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
         OperatorSettings.from_env({name: value})
+
+
+def test_runtime_placement_is_read_as_json() -> None:
+    settings = OperatorSettings.from_env({
+        "TAILGUARD_RUNTIME_NODE_SELECTOR": '{"type": "real"}',
+        "TAILGUARD_RUNTIME_TOLERATIONS": '[{"key": "k", "operator": "Exists"}]'})
+    assert settings.runtime_node_selector == {"type": "real"}
+    assert settings.runtime_tolerations == [{"key": "k", "operator": "Exists"}]
+
+
+@pytest.mark.parametrize(("name", "value", "problem"), [
+    ("TAILGUARD_RUNTIME_NODE_SELECTOR", "type=real", "not JSON"),
+    ("TAILGUARD_RUNTIME_NODE_SELECTOR", '{"replicas": 2}', "object of strings"),
+    ("TAILGUARD_RUNTIME_TOLERATIONS", '{"key": "k"}', "list of objects")])
+def test_bad_placement_is_refused_naming_the_variable(name: str, value: str,
+                                                       problem: str) -> None:
+    with pytest.raises(ValueError, match=f"{name}: .*{problem}"):
+        OperatorSettings.from_env({name: value})

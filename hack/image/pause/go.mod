@@ -1,0 +1,3 @@
+module tailguard.dev/hack/image/pause
+
+go 1.26

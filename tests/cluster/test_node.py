@@ -1,0 +1,229 @@
+"""InferenceServices served for real: the chart's operator runs in its own pod on the real node,
+runtime pods run the project's image there under the kubelet and containerd, and clients inside
+the cluster's namespace reach them through the Service's ClusterIP (kube-proxy's rules).
+
+One namespace for the module, watched by the operator pod of a second release of the chart; each
+test starts from what the previous one left, and re-applies what it needs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from harness import REPO
+from harness.kube.client import Client, wait_for
+from harness.kube.controlplane import ControlPlane
+from harness.kube.images import node_images
+from harness.kube.install import Installation
+from harness.onnode import (
+    OnNode,
+    failures,
+    installed_on_node,
+    is_ready,
+    on_node,
+    ready_since,
+    uninstall,
+)
+from tailguard.operator.manifests import CHECKSUM_ANNOTATION
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+IRIS_ROW = [5.1, 3.5, 1.4, 0.2]
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ControlPlane, admin: Client, installed: Installation,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnNode]:
+    """The module's namespace, watched by the operator pod on the real node."""
+    namespace = f"node-{uuid.uuid4().hex[:6]}"
+    admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    wait_for(lambda: admin.get("serviceaccounts", namespace, "default"),
+             what=f"the default ServiceAccount in {namespace}")
+    installed_on_node(cluster, admin, namespace, node_images())
+    scene = OnNode(cluster, admin, namespace, tmp_path_factory.mktemp("node"))
+    try:
+        yield scene
+    finally:
+        scene.delete_all()
+        uninstall(cluster)
+        admin.delete("namespaces", None, namespace)
+
+
+def iris(node: OnNode, primaries: int = 1) -> None:
+    """``examples/iris.yaml`` applied with traffic on the primary, serving from ``primaries``
+    Ready primary pods (scaled as the HPA would scale it) and one fallback pod."""
+    node.apply(REPO / "examples" / "iris.yaml")
+    node.patch("iris", {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 5}})
+    node.wait_serving("iris")
+    node.cluster.kubectl("scale", "-n", node.namespace, "deployment/iris-primary",
+                         f"--replicas={primaries}")
+    node.cluster.kubectl("scale", "-n", node.namespace, "deployment/iris-fallback",
+                         "--replicas=1")
+    wait_for(lambda: len(node.pods("iris", "primary")) == primaries
+             and len(node.pods("iris", "fallback")) == 1, timeout=120,
+             what=f"{primaries} primary pods and one fallback pod")
+    node.wait_serving("iris")
+
+
+def test_each_example_serves_v1_and_v2_through_its_cluster_ip(node: OnNode) -> None:
+    """``kubectl apply`` of every example: its pods start on the real node, pass their
+    readiness probes on the v2 health routes, and answer through the ClusterIP."""
+    for path in EXAMPLES:
+        node.apply(path)
+    names = [p.stem for p in EXAMPLES]
+    for name in names:
+        node.wait_serving(name)
+        pods = node.pods(name)
+        assert on_node(pods) and {p["metadata"]["labels"]["tailguard.dev/role"]
+                                  for p in pods} == {"primary", "fallback"}
+        probe = pods[0]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+        assert probe["path"] == "/v2/health/ready"
+        metadata = node.get("services", name)
+        assert metadata and metadata["spec"]["type"] == "ClusterIP"
+        logs = node.cluster.kubectl("logs", "-n", node.namespace, f"deployment/{name}-primary")
+        assert f"serving service={name}" in logs.stdout + logs.stderr
+
+    width = {"iris": 4, "digits": 64, "slow-digits": 64}
+    for name in names:
+        row = IRIS_ROW if name == "iris" else [0.0] * width[name]
+        status, headers, body = node.request(name, f"/v2/models/{name}/infer", {
+            "inputs": [{"name": "input-0", "shape": [1, len(row)], "datatype": "FP64",
+                        "data": row}]})
+        assert status == 200, body
+        assert headers["x-tailguard-role"] == "primary"
+        assert body["model_name"] == name and len(body["outputs"][0]["data"]) == 1
+        status, headers, body = node.request(name, f"/v1/models/{name}:predict",
+                                             {"instances": [row]})
+        assert status == 200, body
+        assert len(body["predictions"]) == 1
+    iris_answer = node.request("iris", "/v1/models/iris:predict", {"instances": [IRIS_ROW]})
+    assert iris_answer[2]["predictions"] == [0]  # a setosa, as the dataset labels it
+    for name in names:
+        if name != "iris":
+            node.admin.delete("inferenceservices", node.namespace, name)
+
+
+def test_manual_rollback_under_load_moves_traffic_once_the_fallback_is_ready(
+        node: OnNode) -> None:
+    """Two primary pods and one fallback pod serve; a person sets ``spec.traffic: fallback``
+    under open-loop load through the ClusterIP. The fallback is raised to two Ready pods (its
+    HPA minimum) before the Service moves,
+    clients on kept-alive connections move too (the primary pods answer ``Connection: close``),
+    and every request is answered 200."""
+    iris(node, primaries=2)
+    assert len(node.ready_pods("iris", "fallback")) == 1
+    load = node.load("iris", rate=40, seconds=30, label="rollback")
+    time.sleep(6)
+    node.patch("iris", {"traffic": "fallback"})
+    wait_for(lambda: node.selected_role("iris") == "fallback", timeout=90,
+             what="the Service to select the fallback")
+    switched = time.time()
+    fallback = node.ready_pods("iris", "fallback")
+    records = load.finish()
+
+    assert failures(records) == []
+    assert len(fallback) == 2, "the Service moved before two fallback pods were Ready"
+    assert max(ready_since(p) for p in fallback) <= switched
+    roles = [(r["done"], r["role"]) for r in records]
+    assert roles[0][1] == "primary"
+    last_primary = max(done for done, role in roles if role == "primary")
+    tail = [role for done, role in roles if done > last_primary]
+    assert tail and set(tail) == {"fallback"}
+    assert records[-1]["done"] - last_primary >= 5, (
+        "kept-alive clients were still on the primary near the end of the run "
+        f"(last primary answer {last_primary - switched:.1f} s after the switch)")
+    print(f"keep-alive clients left the primary {last_primary - switched:.1f} s after the "
+          "Service moved")
+
+
+def test_a_new_primary_model_rolls_out_under_load_without_a_failed_request(
+        node: OnNode) -> None:
+    """The primary's model changes under load: the new model's pod answers only once it is
+    Ready, the old model's pods answer until they leave, and nothing fails."""
+    iris(node)
+    node.wait_serving("iris")
+    old_uri = node.request("iris", "/v1/models/iris:predict",
+                           {"instances": [IRIS_ROW]})[1]["x-tailguard-model"]
+    new_uri = "builtin://iris/random-forest?trees=50"
+    assert new_uri != old_uri
+    old = _template_checksum(node)
+    load = node.load("iris", rate=40, seconds=30, label="rollout")
+    time.sleep(5)
+    node.patch("iris", {"model": {"uri": new_uri}})
+    new = wait_for(lambda: _template_checksum(node) != old and _template_checksum(node),
+                   what="the primary's new pod template")
+    wait_for(lambda: [p for p in node.ready_pods("iris", "primary") if _checksum(p) == new],
+             timeout=120, what="a Ready pod of the new model")
+    new_pods = [p for p in node.ready_pods("iris", "primary") if _checksum(p) == new]
+    records = load.finish()
+
+    assert failures(records) == []
+    models = [(r["sent"], r["model"]) for r in records]
+    first_new = min(sent for sent, model in models if model == new_uri)
+    assert first_new >= min(ready_since(p) for p in new_pods)
+    assert {model for _, model in models} == {old_uri, new_uri}
+    assert models[-1][1] == new_uri
+
+
+def test_deleted_and_scaled_in_pods_lose_no_admitted_request(node: OnNode) -> None:
+    """Under load, one of two primary pods is deleted (preStop, then drain), and then the
+    primary is scaled in to one pod, as its HPA would: every request is answered 200."""
+    iris(node, primaries=2)
+    load = node.load("iris", rate=40, seconds=30, label="scale-in")
+    time.sleep(5)
+    victim = node.ready_pods("iris", "primary")[0]["metadata"]["name"]
+    node.admin.delete("pods", node.namespace, victim)
+    wait_for(lambda: len(node.ready_pods("iris", "primary")) == 2
+             and victim not in {p["metadata"]["name"] for p in node.pods("iris", "primary")},
+             timeout=60, what="the deleted pod replaced and gone")
+    node.cluster.kubectl("scale", "-n", node.namespace, "deployment/iris-primary",
+                         "--replicas=1")
+    wait_for(lambda: len(node.pods("iris", "primary")) == 1, timeout=60,
+             what="the primary scaled in to one pod")
+    records = load.finish()
+    assert failures(records) == []
+    assert len(records) > 500
+
+
+def test_a_killed_runtime_container_is_restarted_and_the_other_pod_keeps_serving(
+        node: OnNode) -> None:
+    """The runtime process of one of two primary pods is killed: the kubelet restarts the
+    container, its readiness drops and returns, and requests through the Service that are not
+    caught on the killed process are answered 200."""
+    iris(node, primaries=2)
+    pod = node.ready_pods("iris", "primary")[0]
+    name = pod["metadata"]["name"]
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("//")[1]
+    load = node.load("iris", rate=40, seconds=30, label="kill")
+    time.sleep(5)
+    killed = time.time()
+    assert node.cluster.node is not None
+    node.cluster.node.ctr("tasks", "kill", "--signal", "SIGKILL", container_id)
+    wait_for(lambda: not is_ready(node.get("pods", name) or {}), timeout=30,
+             what="the killed pod to turn unready")
+    wait_for(lambda: is_ready(node.get("pods", name) or {}), timeout=90,
+             what="the restarted container to be Ready again")
+    back = time.time()
+    records = load.finish()
+    restarted = node.get("pods", name)
+    assert restarted and restarted["status"]["containerStatuses"][0]["restartCount"] == 1
+    lost = failures(records)
+    assert all(r["status"] == 0 for r in lost), lost  # never an HTTP error answer
+    assert all(killed - 1 <= r["sent"] <= back for r in lost), lost
+    print(f"{len(lost)} of {len(records)} requests were caught on the killed process")
+
+
+def _checksum(obj: dict[str, Any]) -> str:
+    """The config checksum a pod (or pod template) carries: what its runtime serves."""
+    return str(obj["metadata"].get("annotations", {}).get(CHECKSUM_ANNOTATION))
+
+
+def _template_checksum(node: OnNode) -> str:
+    deployment = node.get("deployments", "iris-primary")
+    assert deployment
+    return _checksum(deployment["spec"]["template"])

@@ -1,0 +1,239 @@
+"""InferenceServices served on the real node: the chart's operator in its own pod, runtime pods
+running the project's image, and clients inside the cluster's namespace that reach them
+through their Service's ClusterIP (kube-proxy's rules).
+
+:func:`installed_on_node` installs the chart as a second release whose operator pod and runtime
+pods run on the real node and which watches one namespace; :class:`OnNode` acts in that
+namespace and runs the project's load generator (``tailguard bench``) inside the namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness.kube.client import ApiError, Client, wait_for
+from harness.kube.controlplane import ControlPlane
+from harness.kube.holder import Holder
+from harness.kube.images import Image
+from harness.kube.install import Installation, helm, install
+from harness.kube.node import LABELS, TAINT
+from harness.kube.node import NAME as NODE_NAME
+from tailguard.spec import resource
+
+RELEASE = "tailguard-node"
+RELEASE_NAMESPACE = "tailguard-node-system"
+TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
+              "effect": TAINT["effect"]}
+TAILGUARD = Path(sys.executable).with_name("tailguard")
+
+
+def chart_values(namespace: str, images: Mapping[str, Image]) -> dict[str, Any]:
+    """The chart's values for the real node: the imported images (never pulled), the operator
+    and the runtime pods placed on the real node, one watched namespace, the CRD left to the
+    first release. Runtime pods request 100m CPU so the examples fit the node's two cores."""
+    placement = {"nodeSelector": dict(LABELS), "tolerations": [TOLERATION]}
+    return {
+        "crds": {"install": False},
+        "watchNamespaces": [namespace],
+        "operator": {"image": {"repository": images["operator"].repository,
+                               "tag": images["operator"].tag, "pullPolicy": "Never"},
+                     "logLevel": "DEBUG", **placement},
+        "runtime": {"image": {"repository": images["runtime"].repository,
+                              "tag": images["runtime"].tag, "pullPolicy": "Never"},
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                  "limits": {"memory": "1Gi"}},
+                    **placement},
+    }
+
+
+def installed_on_node(cluster: ControlPlane, admin: Client, namespace: str,
+                      images: Mapping[str, Image]) -> Installation:
+    """Install the chart for the real node and wait until its operator pod is Ready.
+
+    Raises:
+        AssertionError: helm refused, or the operator pod was not Ready in 120 s.
+    """
+    installation = install(cluster, admin, chart_values(namespace, images), release=RELEASE,
+                           namespace=RELEASE_NAMESPACE)
+    name = installation.deployment["metadata"]["name"]
+    wait_for(lambda: (admin.get("deployments", RELEASE_NAMESPACE, name) or {}).get(
+        "status", {}).get("readyReplicas") == 1, timeout=120,
+        what=f"the operator pod of {RELEASE} to be Ready")
+    return installation
+
+
+def uninstall(cluster: ControlPlane) -> None:
+    """``helm uninstall`` the real node's release (its namespace stays)."""
+    helm(cluster, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait",
+         "--timeout", "60s", check=False)
+
+
+@dataclass
+class OnNode:
+    """The namespace the real node's operator watches, acted on as a person would."""
+
+    cluster: ControlPlane
+    admin: Client
+    namespace: str
+    workdir: Path
+
+    @property
+    def holder(self) -> Holder:
+        """The cluster's namespace (clients run inside it)."""
+        assert self.cluster.holder is not None, "the cluster is not started"
+        return self.cluster.holder
+
+    # --- objects ---------------------------------------------------------------------------
+
+    def apply(self, path: Path) -> None:
+        """``kubectl apply`` a manifest into the namespace."""
+        self.cluster.kubectl("apply", "-n", self.namespace, "-f", str(path))
+
+    def patch(self, name: str, spec: Mapping[str, Any]) -> None:
+        self.admin.patch(resource.PLURAL, self.namespace, name, {"spec": dict(spec)})
+
+    def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        return self.admin.get(plural, self.namespace, name)
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        isvc = self.get(resource.PLURAL, name) or {}
+        for cond in (isvc.get("status") or {}).get("conditions") or []:
+            if cond["type"] == type_:
+                return cond  # type: ignore[no-any-return]
+        return {}
+
+    def selected_role(self, name: str) -> str | None:
+        service = self.get("services", name)
+        return service["spec"]["selector"]["tailguard.dev/role"] if service else None
+
+    def pods(self, name: str, role: str | None = None) -> list[dict[str, Any]]:
+        """The runtime pods of ``name`` (of ``role``), terminating ones included."""
+        labels = f"app.kubernetes.io/instance={name}" + (
+            f",tailguard.dev/role={role}" if role else "")
+        return self.admin.list("pods", self.namespace, labels=labels)
+
+    def ready_pods(self, name: str, role: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods(name, role) if is_ready(p)
+                and not p["metadata"].get("deletionTimestamp")]
+
+    def wait_serving(self, name: str, timeout: float = 240) -> None:
+        """Until ``name`` is Ready (its active role has Ready pods) and every runtime pod of
+        its current templates is Ready.
+
+        Raises:
+            AssertionError: not in ``timeout`` seconds (pod states in the message).
+        """
+        def serving() -> bool:
+            pods = self.pods(name)
+            return (self.condition(name, "Ready").get("status") == "True" and bool(pods)
+                    and all(is_ready(p) for p in pods))
+        try:
+            wait_for(serving, timeout=timeout, what=f"{name} to serve")
+        except AssertionError as exc:
+            states = {p["metadata"]["name"]: p["status"].get("containerStatuses")
+                      for p in self.pods(name)}
+            raise AssertionError(f"{exc}; pods: {json.dumps(states)[:3000]}") from None
+
+    def cluster_ip(self, name: str) -> str:
+        service = self.get("services", name)
+        assert service, f"no Service {name}"
+        return str(service["spec"]["clusterIP"])
+
+    def delete_all(self) -> None:
+        """Delete every InferenceService in the namespace and wait until their pods are gone."""
+        try:
+            self.admin.request("DELETE", self.admin.path(resource.PLURAL, self.namespace))
+        except ApiError:
+            pass
+        wait_for(lambda: not self.admin.list("pods", self.namespace), timeout=120,
+                 what="the runtime pods to be gone")
+
+    # --- traffic ---------------------------------------------------------------------------
+
+    def request(self, name: str, path: str, body: Mapping[str, Any]
+                ) -> tuple[int, dict[str, str], Any]:
+        """POST ``body`` to ``http://CLUSTER-IP/path`` from inside the namespace; the status,
+        the answer's headers (lower-case names) and its JSON body."""
+        script = (
+            "import json, sys, urllib.request, urllib.error\n"
+            "url, body = sys.argv[1], sys.argv[2].encode()\n"
+            "req = urllib.request.Request(url, body, {'Content-Type': 'application/json'})\n"
+            "try:\n"
+            "    r = urllib.request.urlopen(req, timeout=20)\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    r = e\n"
+            "print(json.dumps([r.status, {k.lower(): v for k, v in r.headers.items()},"
+            " r.read().decode()]))\n")
+        done = self.holder.run([sys.executable, "-c", script,
+                                        f"http://{self.cluster_ip(name)}{path}",
+                                        json.dumps(body)])
+        status, headers, text = json.loads(done.stdout)
+        return status, headers, json.loads(text)
+
+    def load(self, name: str, *, rate: float, seconds: float, label: str) -> "Load":
+        """Start ``tailguard bench`` inside the namespace: open-loop Poisson ``rate``
+        requests/s for ``seconds`` against ``name``'s ClusterIP, one record per request."""
+        ip = self.cluster_ip(name)
+        records = self.workdir / f"{label}.records.jsonl"
+        out = self.workdir / f"{label}.bench.json"
+        argv = [str(TAILGUARD), "bench", f"http://{ip}/v2/models/{name}", "--rate", str(rate),
+                "--duration", str(seconds), "--warmup", "1", "--timeout", "15",
+                "--slo-ms", "1000", "--max-lag-ms", "1000", "--allow-host", ip,
+                "--records", str(records), "--json"]
+        with open(out, "wb") as stdout:
+            proc = subprocess.Popen(self.holder.command(argv), stdout=stdout,
+                                    stderr=subprocess.PIPE)
+        return Load(proc, records, out, time.time())
+
+
+@dataclass
+class Load:
+    """A running ``tailguard bench`` and where it writes."""
+
+    proc: subprocess.Popen[bytes]
+    records_path: Path
+    out: Path
+    started: float
+
+    def finish(self, timeout: float = 120) -> list[dict[str, Any]]:
+        """Wait for the run; its records (one dict per request of the measured window).
+
+        Raises:
+            AssertionError: the bench failed.
+        """
+        _, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, (
+            f"tailguard bench exited {self.proc.returncode}: {err.decode()[-2000:]}")
+        return [json.loads(line) for line in self.records_path.read_text().splitlines()
+                if line.strip()]
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def ready_since(pod: Mapping[str, Any]) -> float:
+    """When ``pod`` last became Ready (Unix s; the API keeps whole seconds, rounded down)."""
+    for cond in pod["status"].get("conditions") or []:
+        if cond["type"] == "Ready" and cond["status"] == "True":
+            return datetime.fromisoformat(cond["lastTransitionTime"].replace(
+                "Z", "+00:00")).timestamp()
+    raise AssertionError(f"pod {pod['metadata']['name']} is not Ready")
+
+
+def failures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that are not a 200 answer."""
+    return [r for r in records if r["status"] != 200]
+
+
+def on_node(pods: list[dict[str, Any]]) -> bool:
+    return all(p["spec"].get("nodeName") == NODE_NAME for p in pods)
+
