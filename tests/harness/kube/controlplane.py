@@ -19,7 +19,6 @@ process is ended by its PID in :meth:`ControlPlane.stop`, and the namespace with
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from harness import REPO
 from . import pki
 from .holder import NODE_IP, Holder
 from .node import POD_CIDR, Node
+from .procs import end
 
 SERVICE_CIDR = "10.96.0.0/16"
 """Cluster IPs the API server hands out; inside the namespace they lead to pods on the real
@@ -156,14 +156,7 @@ class ControlPlane:
         if self.node is not None:
             self.node.stop()
         for _, proc in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=5)
+            end(proc)
         self._procs.clear()
         if self.holder is not None:
             self.holder.stop()

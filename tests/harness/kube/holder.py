@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .procs import end_with_parent
+from .procs import end, end_with_parent
 
 NODE_IP = "10.250.0.1"
 """The node's address, on ``lo`` inside the namespace (the API server advertises it too)."""
@@ -159,13 +159,7 @@ class Holder:
     def stop(self) -> None:
         """End the forwarders, then the holder, by PID (the caller has ended the rest)."""
         for proc in [*self._forwarders, *([self.proc] if self.proc else [])]:
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            end(proc, timeout=10)
         self._forwarders.clear()
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()

@@ -40,6 +40,7 @@ import yaml
 
 from . import pki
 from .holder import NODE_IP, Holder
+from .procs import end
 
 NAME = "tailguard-node-0"
 POD_CIDR = "10.244.0.0/24"
@@ -118,7 +119,7 @@ class Node:
         by_name = dict(self._procs)
         for name in ("kube-proxy", "kubelet"):
             if name in by_name:
-                _end(by_name[name])
+                end(by_name[name])
         for _ in range(3):  # containers, then whatever they started while being killed
             for pid in self._cgroup_pids():
                 with contextlib.suppress(ProcessLookupError):
@@ -128,7 +129,7 @@ class Node:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if "containerd" in by_name:
-            _end(by_name["containerd"])
+            end(by_name["containerd"])
         self._procs.clear()
         self._cgroups_remove()
 
@@ -324,13 +325,3 @@ class Node:
                 raise NodeError(f"timed out waiting for {what}; logs in {self.logs}")
             time.sleep(0.2)
 
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
