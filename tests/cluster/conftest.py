@@ -6,7 +6,8 @@ built from upstream by ``hack/kube/build.py``, kwok nodes, and a real node runni
 ``hack/image/build.py`` builds; ``installed`` is the Helm chart installed on it; ``namespace``
 gives each test a namespace of its own, deleted afterwards; ``admin`` is a client acting as the
 cluster admin; ``scene`` is one test's namespace with the chart installed and its operator run
-per test (``scene.operator()``). The Kubernetes version is ``$TAILGUARD_KUBE_VERSION`` (default:
+per test (``scene.operator()``); ``node`` is a module's namespace watched by the operator pod of
+a second release on the real node (:mod:`harness.onnode`). The Kubernetes version is ``$TAILGUARD_KUBE_VERSION`` (default:
 ``hack/kube/build.py``'s). Without Go the control plane cannot be built, and the tests that need
 it fail with one line saying so: they are never skipped.
 """
@@ -30,6 +31,7 @@ from harness.kube.holder import HolderError
 from harness.kube.images import ImageError, node_images
 from harness.kube.install import Installation, install
 from harness.kube.node import NodeError
+from harness.onnode import OnNode, installed_on_node, uninstall
 from harness.scene import Scene
 
 KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", load("build").DEFAULT_TAG)
@@ -100,3 +102,21 @@ def scene(cluster: ControlPlane, admin: Client, installed: Installation, namespa
     audit = AuditLog(cluster.audit_log)
     return Scene(admin=admin, namespace=namespace, installation=installed, audit=audit,
                  logs=tmp_path / "operator.log", start=audit.mark())
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ControlPlane, admin: Client, installed: Installation,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnNode]:
+    """The module's namespace, watched by the operator pod on the real node."""
+    namespace = f"node-{uuid.uuid4().hex[:6]}"
+    admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    wait_for(lambda: admin.get("serviceaccounts", namespace, "default"),
+             what=f"the default ServiceAccount in {namespace}")
+    installed_on_node(cluster, admin, namespace, node_images())
+    scene = OnNode(cluster, admin, namespace, tmp_path_factory.mktemp("node"))
+    try:
+        yield scene
+    finally:
+        scene.delete_all()
+        uninstall(cluster)
+        admin.delete("namespaces", None, namespace)

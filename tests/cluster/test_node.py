@@ -9,24 +9,18 @@ test starts from what the previous one left, and re-applies what it needs.
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from harness import REPO
-from harness.kube.client import Client, wait_for
-from harness.kube.controlplane import ControlPlane
-from harness.kube.images import node_images
-from harness.kube.install import Installation
+from harness.kube.client import wait_for
 from harness.onnode import (
     OnNode,
     failures,
-    installed_on_node,
     is_ready,
     on_node,
     ready_since,
-    uninstall,
 )
 from tailguard.operator.manifests import CHECKSUM_ANNOTATION
 
@@ -36,29 +30,14 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 IRIS_ROW = [5.1, 3.5, 1.4, 0.2]
 
 
-@pytest.fixture(scope="module")
-def node(cluster: ControlPlane, admin: Client, installed: Installation,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnNode]:
-    """The module's namespace, watched by the operator pod on the real node."""
-    namespace = f"node-{uuid.uuid4().hex[:6]}"
-    admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    wait_for(lambda: admin.get("serviceaccounts", namespace, "default"),
-             what=f"the default ServiceAccount in {namespace}")
-    installed_on_node(cluster, admin, namespace, node_images())
-    scene = OnNode(cluster, admin, namespace, tmp_path_factory.mktemp("node"))
-    try:
-        yield scene
-    finally:
-        scene.delete_all()
-        uninstall(cluster)
-        admin.delete("namespaces", None, namespace)
-
-
 def iris(node: OnNode, primaries: int = 1) -> None:
     """``examples/iris.yaml`` applied with traffic on the primary, serving from ``primaries``
     Ready primary pods (scaled as the HPA would scale it) and one fallback pod."""
     node.apply(REPO / "examples" / "iris.yaml")
-    node.patch("iris", {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 5}})
+    # The SLO guard judges iris but does not act: these tests move traffic themselves, and a
+    # random forest under load on a busy 2-core machine may well break a 25 ms p99.
+    node.patch("iris", {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 5},
+                        "rollback": {"automatic": False}})
     node.wait_serving("iris")
     node.cluster.kubectl("scale", "-n", node.namespace, "deployment/iris-primary",
                          f"--replicas={primaries}")

@@ -177,6 +177,37 @@ class OnNode:
         status, headers, text = json.loads(done.stdout)
         return status, headers, json.loads(text)
 
+    def fetch(self, url: str) -> str:
+        """GET ``url`` from inside the namespace (a pod IP, a ClusterIP); the body as text.
+
+        Raises:
+            subprocess.CalledProcessError: no 200 answer.
+        """
+        script = ("import sys, urllib.request\n"
+                  "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n")
+        return str(self.holder.run([sys.executable, "-c", script, url]).stdout)
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        """The Ready operator pods of the real node's release (not terminating)."""
+        return [p for p in self.admin.list("pods", RELEASE_NAMESPACE,
+                                           labels="app.kubernetes.io/component=operator")
+                if is_ready(p) and not p["metadata"].get("deletionTimestamp")]
+
+    def operator_pod(self) -> dict[str, Any]:
+        """The one Ready operator pod of the real node's release.
+
+        Raises:
+            AssertionError: there is none, or more than one.
+        """
+        pods = self.operator_pods()
+        assert len(pods) == 1, f"expected one Ready operator pod, found {len(pods)}"
+        return pods[0]
+
+    def events(self, name: str, reason: str) -> list[dict[str, Any]]:
+        """The Events of the InferenceService ``name`` with ``reason``."""
+        return [e for e in self.admin.list("events", self.namespace)
+                if e["involvedObject"].get("name") == name and e.get("reason") == reason]
+
     def load(self, name: str, *, rate: float, seconds: float, label: str) -> "Load":
         """Start ``tailguard bench`` inside the namespace: open-loop Poisson ``rate``
         requests/s for ``seconds`` against ``name``'s ClusterIP, one record per request."""

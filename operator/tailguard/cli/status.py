@@ -16,8 +16,9 @@ from typing import Any, Mapping
 from tailguard.cli.options import DEFAULT_PORT, add_target
 from tailguard.cli.reach import call_local, kube_problem
 
-NO_OBSERVED = ("live numbers (p99, queue depth, req/s, errors) are not in the status yet: they "
-               "arrive with the SLO guard's cluster part")
+NO_OBSERVED = ("live numbers (p99, queue depth, req/s, errors) are not in the status yet: the "
+               "operator's SLO guard writes them after its first windows with Ready pods "
+               "(unless it runs with TAILGUARD_GUARD=false)")
 """Said when an InferenceService's ``status.observed`` is absent."""
 
 
@@ -104,8 +105,17 @@ def cluster_lines(obj: Mapping[str, Any]) -> list[str]:
                      f"samples={observed.get('samples', '-')}"
                      + (f"  judged={observed['judged']}" if "judged" in observed else "")
                      + _left_out(observed.get("excluded") or {}))
+        if observed.get("unreadPods"):
+            lines.append(f"  pods not read in the last window: {', '.join(observed['unreadPods'])}")
     else:
         lines.append(f"  {NO_OBSERVED}")
+    guard = status.get("guard") or {}
+    if guard.get("state"):
+        lines.append(f"  SLO guard: {guard['state']}: {guard.get('lastDecisionReason', '')}")
+    if guard.get("rolledBackAt"):
+        lines.append(f"  automatic rollback at {guard['rolledBackAt']} of "
+                     f"{guard.get('rolledBackModel', '?')}: {guard.get('rollbackReason', '')} "
+                     f"(roll forward: tailguard rollforward {meta['name']} --cluster)")
     return lines
 
 

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from typing import Any
 
 from tailguard.cli.options import DEFAULT_PORT, add_target
 from tailguard.cli.reach import call_local, kube_problem
+from tailguard.guard.record import ROLL_FORWARD_ANNOTATION as ROLL_FORWARD
+from tailguard.guard.record import format_time
 
 
 def add_parser(sub: Any) -> None:
@@ -18,7 +21,8 @@ def add_parser(sub: Any) -> None:
         cmd = sub.add_parser(name, help=text, description=(
             f"{text[0].upper()}{text[1:]}: of the local tailguard up by default, or with "
             "--cluster by setting spec.traffic of the InferenceService (the operator switches "
-            "once that model is Ready)."))
+            "once that model is Ready; rollforward also sets the tailguard.dev/roll-forward "
+            "annotation, which clears an automatic rollback by the SLO guard)."))
         add_target(cmd, "tailguard up")
         cmd.set_defaults(func=_switch, role=role)
 
@@ -27,14 +31,20 @@ def _switch(args: argparse.Namespace) -> int:
     if args.cluster:
         from tailguard.operator import kube
 
+        # rolling forward also clears an automatic rollback older than now
+        stamp = (format_time(datetime.datetime.now(datetime.timezone.utc))
+                 if args.role == "primary" else None)
         try:
-            kube.set_traffic(args.name, args.namespace, args.role)
+            kube.set_traffic(args.name, args.namespace, args.role, roll_forward=stamp)
         except kube.KubeError as exc:
             print(f"tailguard {args.command}: {kube_problem(exc, args.name, 'update')}",
                   file=sys.stderr)
             return 1
         print(f"{args.name}: spec.traffic set to {args.role}; the operator switches once the "
               f"{args.role} model is Ready")
+        if stamp is not None:
+            print(f"{args.name}: {ROLL_FORWARD}={stamp}: an automatic rollback from before "
+                  "now is cleared, and the SLO guard judges the primary again")
         return 0
     from tailguard.up.control import find_control_file, state_dir
 

@@ -89,6 +89,11 @@ class WatchCache:
         body: dict[str, Any] = orjson.loads(kept[1])
         return body
 
+    def names(self, kind: str) -> list[tuple[str, str]]:
+        """``(namespace, name)`` of every kept object of ``kind``."""
+        with self._lock:
+            return [(key[1], key[2]) for key in self._objects if key[0] == kind]
+
     def seeded(self, namespace: str) -> bool:
         """Whether an absent child in ``namespace`` is known to be absent."""
         with self._lock:

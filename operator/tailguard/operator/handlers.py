@@ -9,7 +9,8 @@ There is no kopf timer, daemon or delete handler: kopf would add a finalizer for
 and deleting an InferenceService must work while the operator is down (children go by their
 owner references). A plain task started with the operator, :func:`resync`, lists and
 reconciles every InferenceService in scope every ``resync_seconds`` instead, which repairs what
-a watch missed.
+a watch missed. A second task runs the SLO guard (:mod:`tailguard.operator.guarding`) over the
+runtime pods, which the operator watches read only.
 
 Run it with ``tailguard operator`` (:func:`run_operator`) or ``kopf run -m
 tailguard.operator.handlers``. Handlers return nothing, so kopf stores no results in the status.
@@ -28,13 +29,19 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import kopf
+from prometheus_client import start_http_server
 
+from tailguard.guard.policy import model_identity
+from tailguard.guard.record import GuardRecord, rollback_in_effect
 from tailguard.operator import kube, manifests, reconcile
 from tailguard.operator.cache import WatchCache
+from tailguard.operator.guarding import ClusterGuard
 from tailguard.operator.memory import KnownServices, SeenChildren, resync_targets
 from tailguard.operator.peering import DEFAULT_PEERING, Peering, active_peer
+from tailguard.operator.podindex import PodIndex
 from tailguard.operator.settings import OperatorSettings
-from tailguard.operator.status import build_status, invalid_status, status_patch
+from tailguard.operator.status import build_status, invalid_status
+from tailguard.operator.statuswrite import STATUS_ATTEMPTS, write_status
 from tailguard.spec import conditions, resource, schema
 
 logger = logging.getLogger(__name__)
@@ -42,6 +49,9 @@ logger = logging.getLogger(__name__)
 _CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"),
              ("autoscaling", "v2", "horizontalpodautoscalers"),
              ("policy", "v1", "poddisruptionbudgets"))
+
+_PODS = ("", "v1", "pods")
+"""The runtime pods, watched (by :data:`CHILD_SELECTOR`) for the SLO guard's pod index."""
 
 CHILD_SELECTOR = f"{manifests.LABEL_MANAGED_BY}={manifests.MANAGED_BY}"
 """The label selector of the child watches, sent to the API server: the operator lists and
@@ -201,8 +211,11 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
             _apply(desired, live, owner, done, cache)
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
+    record = GuardRecord.from_status(previous)
+    automatic = rollback_in_effect(record, model_identity(isvc.model.uri, isvc.model.version),
+                                   body["metadata"].get("annotations"))
     plan = reconcile.plan_traffic(
-        intent=isvc.traffic, current=current,
+        intent="fallback" if automatic else isvc.traffic, current=current,
         ready={role: reconcile.ready_replicas(d) for role, d in deployments.items()},
         min_replicas=isvc.scaling.min_replicas, max_replicas=isvc.scaling.max_replicas)
     for desired in manifests.children(isvc, owner, settings, active_role=plan.active,
@@ -215,55 +228,14 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
 
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
-    _write_status(body, lambda stored: build_status(
+    write_status(body, lambda stored: build_status(
         stored, isvc, generation=generation, plan=plan, deployments=deployments,
-        conflicts=conflicts, refused=refused, now=now), cache)
+        conflicts=conflicts, refused=refused, now=now,
+        automatic=record.reason if automatic and isvc.traffic != "fallback" else None), cache)
     outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
                       conflicts=tuple(conflicts), refused=tuple(refused))
     _announce(body, previous, outcome, now)
     return outcome
-
-
-STATUS_ATTEMPTS = 5
-"""Writes tried per pass (a status, a child's owner references) when other writers keep coming
-in between (409)."""
-
-
-def _write_status(body: Mapping[str, Any],
-                  compute: Callable[[Mapping[str, Any]], dict[str, Any]],
-                  cache: WatchCache | None = None) -> bool:
-    """Write the owned status that ``compute`` makes from the stored one, if it differs, with
-    the object's ``resourceVersion`` as a precondition: a writer that came in between (the SLO
-    guard setting ``SLOMet``, anyone's condition) makes the API answer 409, and the status is
-    read and computed again, so no one's condition is lost to a stale read. Returns whether
-    it wrote. What it writes or reads is kept in ``cache``.
-
-    Raises:
-        kube.KubeError: the API refused, or others wrote in between :data:`STATUS_ATTEMPTS`
-            times in a row.
-    """
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    current: Mapping[str, Any] | None = body
-    for _ in range(STATUS_ATTEMPTS):
-        if current is None or current["metadata"].get("deletionTimestamp"):
-            return False
-        stored = current.get("status") or {}
-        patch = status_patch(stored, compute(stored))
-        if patch is None:
-            return False
-        patch["metadata"] = {"resourceVersion": current["metadata"]["resourceVersion"]}
-        try:
-            stored = kube.patch_status(namespace, name, patch)
-            if cache is not None:
-                cache.keep(stored)
-            return True
-        except kube.Conflict:
-            current = kube.get(resource.KIND, namespace, name)
-            if cache is not None and current is not None:
-                cache.keep(current)
-    raise kube.KubeError(409, "Conflict", f"status of {namespace}/{name}: other writers came "
-                         f"in between {STATUS_ATTEMPTS} times in a row")
 
 
 SERVED_FIRST = ("ConfigMap", "Deployment")
@@ -339,7 +311,7 @@ def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
 def _refuse(body: Mapping[str, Any], previous: Mapping[str, Any], generation: int | None,
             message: str, now: datetime.datetime, cache: WatchCache | None) -> None:
     meta = body["metadata"]
-    if not _write_status(body, lambda stored: invalid_status(
+    if not write_status(body, lambda stored: invalid_status(
             stored, generation=generation, message=message, now=now), cache):
         return
     before = conditions.find_condition(previous, "Ready") or {}
@@ -417,7 +389,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # a just-created CRD's watch cache initializes) costs at most a minute.
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
-    for group, version, plural in _CHILDREN:  # the API server filters, not the operator
+    for group, version, plural in (*_CHILDREN, _PODS):  # the API server filters
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     if getattr(memo, "tailguard", None) is None:
         memo.tailguard = OperatorSettings.from_env(os.environ)
@@ -436,6 +408,13 @@ def _cache(memo: Any) -> WatchCache:
     if cache is None:
         cache = memo.watch_cache = WatchCache()
     return cache
+
+
+def _pods(memo: Any) -> PodIndex:
+    pods = getattr(memo, "pod_index", None)
+    if pods is None:
+        pods = memo.pod_index = PodIndex()
+    return pods
 
 
 def _seen(memo: Any) -> SeenChildren:
@@ -508,15 +487,35 @@ async def start_resync(*, memo: Any, **_: Any) -> None:
     memo.resync_task = asyncio.create_task(resync(memo), name="tailguard-resync")
 
 
+@kopf.on.startup()
+async def start_guard(*, memo: Any, **_: Any) -> None:
+    """Start the SLO guard's task (:class:`~tailguard.operator.guarding.ClusterGuard`) unless
+    ``TAILGUARD_GUARD`` is false."""
+    settings: OperatorSettings = memo.tailguard
+    if not settings.guard:
+        logger.info("slo guard off (TAILGUARD_GUARD=false): SLOMet stays Unknown")
+        return
+    peers: Peering | None = getattr(memo, "peering", None)
+    namespaces = getattr(memo, "namespaces", ())
+    cache = _cache(memo)
+    guard = ClusterGuard(
+        settings, cache, _pods(memo),
+        reconcile=lambda namespace, name: reconcile_soon(namespace, name, settings, cache),
+        is_active=None if peers is None else (lambda scope: _active(peers, scope)),
+        cluster_wide=not namespaces)
+    memo.guard_task = asyncio.create_task(guard.run(), name="tailguard-guard")
+
+
 @kopf.on.cleanup()
 async def stop_resync(*, memo: Any, **_: Any) -> None:
-    """Stop the :func:`resync` task (a pass already running in a worker thread is not
-    interrupted; it ends with the process)."""
-    task: asyncio.Task[None] | None = getattr(memo, "resync_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    """Stop the :func:`resync` and guard tasks (a pass already running in a worker thread is
+    not interrupted; it ends with the process)."""
+    for attribute in ("resync_task", "guard_task"):
+        task: asyncio.Task[None] | None = getattr(memo, attribute, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 @kopf.on.login()
@@ -589,6 +588,16 @@ def service_changed(*, type: str | None, body: kopf.Body, memo: Any, **_: Any) -
         _cache(memo).keep(body)
 
 
+@kopf.on.event(*_PODS, id="guard-pods", labels={manifests.LABEL_MANAGED_BY: manifests.MANAGED_BY})
+def pod_changed(*, type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Keep each runtime pod the watch delivers in the guard's pod index (read only: the
+    operator never writes a pod, and a pod's change starts no reconcile pass)."""
+    if type == "DELETED":
+        _pods(memo).drop(body)
+    else:
+        _pods(memo).keep(body)
+
+
 for _group, _version, _plural in _CHILDREN:
     kopf.on.event(_group, _version, _plural, id=f"child-{_plural}",
                   labels={manifests.LABEL_MANAGED_BY: manifests.MANAGED_BY})(child_changed)
@@ -612,6 +621,8 @@ def run_operator(namespaces: Sequence[str] | None = None, *, peering: bool | str
     kopf.configure(verbose=verbose)
     chosen = settings or OperatorSettings.from_env(os.environ)
     logging.getLogger("tailguard").setLevel(chosen.log_level.upper())
+    if chosen.metrics_port:
+        start_http_server(chosen.metrics_port)  # prometheus_client's, in a daemon thread
     # Peers with equal priority all pause (kopf's rule), so each replica draws its own.
     priority = random.randint(1, 2**31 - 1) if peering else None
     # An empty name must reach kopf as None: any string makes peering mandatory, and kopf then

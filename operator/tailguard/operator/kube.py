@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 import kubernetes
 import urllib3
 
+from tailguard.guard.record import ROLL_FORWARD_ANNOTATION
 from tailguard.spec import resource
 from tailguard_runtime import __version__
 
@@ -35,6 +36,9 @@ COMPONENT = "tailguard-operator"
 OPERATOR_MANAGER = COMPONENT
 """The field manager of the operator's writes (``metadata.managedFields``, server-side apply's
 owner of a field)."""
+GUARD_MANAGER = "tailguard-guard"
+"""The field manager of the SLO guard's status writes (``status.observed``, ``status.guard``,
+the ``SLOMet`` condition)."""
 CLI_MANAGER = "tailguard-cli"
 """The field manager of ``tailguard rollback|rollforward --cluster`` (``spec.traffic``)."""
 USER_AGENT = f"tailguard/{__version__}"
@@ -213,10 +217,11 @@ def merge_patch(kind: str, namespace: str, name: str, patch: Mapping[str, Any], 
                     content_type=MERGE_PATCH, field_manager=field_manager)
 
 
-def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+def patch_status(namespace: str, name: str, patch: Mapping[str, Any], *,
+                 field_manager: str = OPERATOR_MANAGER) -> dict[str, Any]:
     """Merge-patch an InferenceService's ``status`` subresource with ``patch``
-    (``{"status": {...}}``, with ``metadata.resourceVersion`` as a precondition if given);
-    return the stored object.
+    (``{"status": {...}}``, with ``metadata.resourceVersion`` as a precondition if given) as
+    ``field_manager``; return the stored object.
 
     Raises:
         NotFound: the InferenceService does not exist.
@@ -224,7 +229,7 @@ def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[st
         KubeError: any other refusal.
     """
     return _request("PATCH", _path(resource.KIND, namespace, name) + "/status", body=dict(patch),
-                    content_type=MERGE_PATCH, field_manager=OPERATOR_MANAGER)
+                    content_type=MERGE_PATCH, field_manager=field_manager)
 
 
 def default_namespace() -> str:
@@ -239,10 +244,13 @@ def default_namespace() -> str:
         return _namespace
 
 
-def set_traffic(name: str, namespace: str | None, role: str) -> dict[str, Any]:
+def set_traffic(name: str, namespace: str | None, role: str, *,
+                roll_forward: str | None = None) -> dict[str, Any]:
     """Set ``spec.traffic`` of an InferenceService (``tailguard rollback NAME --cluster``);
     the operator moves traffic once the role has Ready replicas. ``namespace`` ``None``: the
-    current context's (:func:`default_namespace`). Connects first if needed.
+    current context's (:func:`default_namespace`). ``roll_forward``: also set the
+    roll-forward annotation to this RFC 3339 time in the same write, which clears an older
+    automatic rollback (``tailguard rollforward NAME --cluster``). Connects first if needed.
 
     Raises:
         ValueError: ``role`` is not ``primary`` or ``fallback``.
@@ -251,8 +259,11 @@ def set_traffic(name: str, namespace: str | None, role: str) -> dict[str, Any]:
     """
     if role not in ("primary", "fallback"):
         raise ValueError(f"role must be primary or fallback, got {role!r}")
-    return merge_patch(resource.KIND, namespace or default_namespace(), name,
-                       {"spec": {"traffic": role}}, field_manager=CLI_MANAGER)
+    patch: dict[str, Any] = {"spec": {"traffic": role}}
+    if roll_forward is not None:
+        patch["metadata"] = {"annotations": {ROLL_FORWARD_ANNOTATION: roll_forward}}
+    return merge_patch(resource.KIND, namespace or default_namespace(), name, patch,
+                       field_manager=CLI_MANAGER)
 
 
 def post_event(involved: Mapping[str, Any], *, type_: str, reason: str, message: str,

@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 ENV_PREFIX = "TAILGUARD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+ZERO_ALLOWED = ("pre_stop_seconds", "metrics_port")
+"""Numeric settings for which ``0`` means something (no preStop wait, no metrics port)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,20 @@ class OperatorSettings:
     writes nothing, so the resync costs reads only: six LIST requests per namespace (the
     InferenceServices and each child kind, into the watch cache the passes read), whatever the
     number of InferenceServices in it."""
+    guard: bool = True
+    """Run the SLO guard (``TAILGUARD_GUARD``: ``true``/``false``): read every Ready runtime
+    pod of the active role each ``slo.windowSeconds`` on its pod IP. Off for an operator that
+    cannot reach pod IPs (one run outside the cluster while developing)."""
+    guard_read_timeout_seconds: float = 1.0
+    """How long the guard waits for one pod's totals, in seconds
+    (``TAILGUARD_GUARD_READ_TIMEOUT_SECONDS``): a pod slower than this is left out of the
+    window, counted and named, and never delays the others."""
+    guard_concurrency: int = 64
+    """Pod reads the guard has in flight at once, over all InferenceServices
+    (``TAILGUARD_GUARD_CONCURRENCY``)."""
+    metrics_port: int = 8081
+    """Port of the operator's Prometheus ``/metrics`` (``TAILGUARD_METRICS_PORT``; ``0``:
+    none): ``tailguard_rollbacks_total{model, reason}`` and the guard's pod reads."""
     log_level: str = "INFO"
     """Level of the operator's own loggers, ``tailguard.*`` (``TAILGUARD_LOG_LEVEL``: ``DEBUG``,
     ``INFO``, ``WARNING`` or ``ERROR``; kopf's follow ``--verbose``). ``DEBUG`` adds one line
@@ -89,13 +105,18 @@ class OperatorSettings:
             if isinstance(f.type, str) and f.type.startswith(("dict[", "list[")):
                 values[f.name] = _json_value(ENV_PREFIX + f.name.upper(), raw,
                                              dict if f.type.startswith("dict[") else list)
+            elif f.type == "bool":
+                if raw.lower() not in ("true", "false"):
+                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()}: expected true or false, "
+                                     f"got {raw!r}")
+                values[f.name] = raw.lower() == "true"
             elif f.type in ("int", "float"):
                 try:
                     number = int(raw) if f.type == "int" else float(raw)
                 except ValueError:
                     raise ValueError(f"{ENV_PREFIX}{f.name.upper()}: expected a number, "
                                      f"got {raw!r}") from None
-                if number < 0 or (number == 0 and f.name != "pre_stop_seconds"):
+                if number < 0 or (number == 0 and f.name not in ZERO_ALLOWED):
                     raise ValueError(f"{ENV_PREFIX}{f.name.upper()}: must be positive, got {raw!r}")
                 values[f.name] = number
             else:

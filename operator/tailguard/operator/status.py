@@ -8,8 +8,10 @@ owns has changed, so a quiet reconcile writes no status either.
 The operator owns ``observedGeneration``, ``activeModel``, ``url``, ``replicas``,
 ``replicaSummary`` and the condition types in :data:`OWNED_TYPES` (conditions are built with
 :mod:`tailguard.spec.conditions`); ``SLOMet`` is kept as found
-(the SLO guard judges it) and starts ``Unknown``. ``status.observed`` and ``status.kopf`` belong
-to others and are never written here. The clock is an argument.
+(the SLO guard judges it) and starts ``Unknown``. ``status.observed`` and ``status.guard``
+belong to the SLO guard (:mod:`tailguard.operator.guarding`) and ``status.kopf`` to kopf:
+they are never written here, though ``RolledBack`` reads ``status.guard`` (an automatic
+rollback). The clock is an argument.
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
                  generation: int | None, plan: TrafficPlan,
                  deployments: Mapping[str, Mapping[str, Any] | None],
                  conflicts: Sequence[str], now: datetime.datetime,
-                 refused: Sequence[str] = ()) -> dict[str, Any]:
+                 refused: Sequence[str] = (), automatic: str | None = None) -> dict[str, Any]:
     """The owned part of the status after a reconcile pass.
 
     ``deployments`` maps each role to its live Deployment (or ``None``); ``conflicts`` names
     children that exist but are controlled by another owner; ``refused`` has one line per
     create or patch the API server refused (``Kind/name: 403 Forbidden: ...``). Either makes
-    ``Ready`` False, refusals first (reason ``ChildRefused``).
+    ``Ready`` False, refusals first (reason ``ChildRefused``). ``automatic``: the reason of the
+    SLO guard's rollback when it is what holds traffic on the fallback (``RolledBack`` then
+    says ``AutomaticRollback``), else ``None``.
     """
     replicas = {role: {"desired": desired_replicas(deployments.get(role)),
                        "ready": ready_replicas(deployments.get(role))}
@@ -81,6 +85,10 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
         reason = "WaitingForFallback" if plan.intent == "fallback" else "WaitingForPrimary"
         rolled = "False" if plan.active == "primary" else "True"
         put("RolledBack", rolled, reason, plan.message)
+    elif plan.active == "fallback" and automatic is not None:
+        put("RolledBack", "True", "AutomaticRollback",
+            f"the SLO guard moved traffic to the fallback model: {automatic} (roll forward: "
+            "tailguard rollforward NAME --cluster)")
     elif plan.active == "fallback":
         put("RolledBack", "True", "ManualRollback",
             "traffic goes to the fallback model (spec.traffic: fallback)")
@@ -110,10 +118,11 @@ def invalid_status(previous: Mapping[str, Any], *, generation: int | None, messa
     return out
 
 
-def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The merge patch body (``{"status": {...}}``) writing ``new``'s owned keys, or ``None``
-    when they equal ``previous``'s."""
-    owned = {key: new[key] for key in OWNED_KEYS if key in new and new[key] is not None}
+def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any],
+                 keys: Sequence[str] = OWNED_KEYS) -> dict[str, Any] | None:
+    """The merge patch body (``{"status": {...}}``) writing ``new``'s ``keys`` (by default
+    the operator's), or ``None`` when they equal ``previous``'s."""
+    owned = {key: new[key] for key in keys if key in new and new[key] is not None}
     if all(previous.get(key) == value for key, value in owned.items()):
         return None
     return {"status": owned}

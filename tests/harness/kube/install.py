@@ -133,8 +133,13 @@ class Installation:
                if not key.startswith("TAILGUARD_") and key != "KUBERNETES_SERVICE_HOST"}
         env.update(self.environment())
         port = free_port()
+        # This process runs on the host, outside the cluster's network namespace: no pod IP
+        # is reachable from here (and nothing may be sent toward one), so the SLO guard is
+        # off; several run at once, so neither do they serve /metrics on a fixed port. The
+        # operator the chart deploys on the real node runs both (tests/cluster/test_guard.py).
         env.update({"KUBECONFIG": str(self.identity.kubeconfig),
                     "TAILGUARD_LIVENESS_ENDPOINT": f"http://127.0.0.1:{port}/healthz",
+                    "TAILGUARD_GUARD": "false", "TAILGUARD_METRICS_PORT": "0",
                     **(extra_env or {})})
         tailguard = Path(sys.executable).with_name("tailguard")
         with open(log, "ab") as out:

@@ -49,6 +49,20 @@ def test_cluster_status_shows_what_the_window_judged_and_left_out() -> None:
                          "samples=2400  judged=2410  excluded=30 (short_deadline=30)")
 
 
+def test_cluster_status_shows_the_guard_and_its_rollback() -> None:
+    lines = cluster_lines(isvc({"activeModel": "fallback", "observed": {
+        "p99Ms": 20, "queueDepth": 0, "requestsPerSecond": 40, "errorRate": 0, "samples": 80,
+        "unreadPods": ["digits-fallback-7d9-x2"]}, "guard": {
+        "state": "rolledBack", "lastDecisionReason": "rolled back automatically (p99 high)",
+        "rolledBackAt": "2026-12-05T17:00:00.250Z", "rollbackReason": "p99 high",
+        "rolledBackModel": "builtin://digits/random-forest@1"}}))
+    assert lines[-3:] == [
+        "  pods not read in the last window: digits-fallback-7d9-x2",
+        "  SLO guard: rolledBack: rolled back automatically (p99 high)",
+        "  automatic rollback at 2026-12-05T17:00:00.250Z of builtin://digits/random-forest@1: "
+        "p99 high (roll forward: tailguard rollforward digits --cluster)"]
+
+
 def test_an_object_the_operator_never_touched_has_no_status_line() -> None:
     assert cluster_lines(isvc(None)) == [
         "ml/digits: traffic intent fallback; no status yet (is the tailguard operator running?)"]

@@ -17,11 +17,18 @@ def test_run_operator_hands_kopf_its_scope(monkeypatch: pytest.MonkeyPatch) -> N
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
+    served: list[int] = []
+    monkeypatch.setattr(handlers, "start_http_server", served.append)
+    for variable in ("TAILGUARD_METRICS_PORT", "TAILGUARD_GUARD"):
+        monkeypatch.delenv(variable, raising=False)
+    handlers.run_operator(None, settings=OperatorSettings(metrics_port=0))
+    assert served == [] and calls.pop()["memo"].tailguard.metrics_port == 0
     settings = OperatorSettings(runtime_image="registry.example/rt:1")
     handlers.run_operator(["team-a", "team-b"], settings=settings)
     handlers.run_operator(None, peering="tailguard", liveness_endpoint="http://0.0.0.0:8080/h")
     handlers.run_operator(None, peering="")  # what the chart passes without peering
     first, second, third = calls
+    assert served == [8081, 8081, 8081]  # the operator's /metrics, on by default
     assert (first["clusterwide"], first["namespaces"], first["standalone"]) == \
         (False, ["team-a", "team-b"], True)
     assert first["memo"].tailguard == settings

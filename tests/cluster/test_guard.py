@@ -1,0 +1,194 @@
+"""The SLO guard in the cluster, on runtime pods that serve real traffic on the real node.
+
+The chart's operator runs in its own pod on the real node and reads each Ready runtime pod's
+totals on its pod IP every window; clients inside the cluster's namespace send open-loop load
+through the Service's ClusterIP (kube-proxy). ``examples/slow-digits.yaml`` is a primary slow
+on purpose (120 ms a model call, ``delayMs``) under a 50 ms p99 SLO, windows of 2 s and
+``breachWindows: 3``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from harness import REPO
+from harness.kube.client import wait_for
+from harness.onnode import RELEASE_NAMESPACE, TAILGUARD, OnNode, failures, ready_since
+from tailguard.spec import resource
+
+pytestmark = pytest.mark.cluster
+
+SLOW = "slow-digits"
+WINDOW_S, BREACH_WINDOWS = 2.0, 3
+"""``slo.windowSeconds`` and ``slo.breachWindows`` of examples/slow-digits.yaml."""
+
+
+def stamp(value: str) -> float:
+    """An RFC 3339 time as Unix seconds."""
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def slow_digits(node: OnNode, primaries: int = 2) -> None:
+    """``examples/slow-digits.yaml`` with traffic on the primary, ``primaries`` Ready primary
+    pods (scaled as the HPA would) and one fallback pod, so a rollback must raise the
+    fallback before the Service moves."""
+    node.apply(REPO / "examples" / "slow-digits.yaml")
+    node.patch(SLOW, {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 4}})
+    node.wait_serving(SLOW)
+    for role, replicas in (("primary", primaries), ("fallback", 1)):
+        node.cluster.kubectl("scale", "-n", node.namespace, f"deployment/{SLOW}-{role}",
+                             f"--replicas={replicas}")
+    wait_for(lambda: len(node.pods(SLOW, "primary")) == primaries
+             and len(node.pods(SLOW, "fallback")) == 1, timeout=120,
+             what=f"{primaries} primary pods and one fallback pod")
+    node.wait_serving(SLOW)
+
+
+def watch(node: OnNode, proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+    """Poll the InferenceService's status, its Service and its Ready fallback pods every
+    0.25 s until ``proc`` ends; one sample per poll."""
+    samples = []
+    while proc.poll() is None:
+        isvc = node.get(resource.PLURAL, SLOW) or {}
+        samples.append({"t": time.time(), "status": isvc.get("status") or {},
+                        "selected": node.selected_role(SLOW),
+                        "fallbacks": len(node.ready_pods(SLOW, "fallback"))})
+        time.sleep(0.25)
+    return samples
+
+
+def rollbacks_counted(node: OnNode) -> float:
+    """``tailguard_rollbacks_total`` of slow-digits, read from the operator pod's /metrics."""
+    ip = node.operator_pod()["status"]["podIP"]
+    text = node.fetch(f"http://{ip}:8081/metrics")
+    model = f'model="{node.namespace}/{SLOW}"'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tailguard_rollbacks_total{") and model in line)
+
+
+def test_a_slow_primary_is_rolled_back_by_the_operator_under_load(node: OnNode) -> None:
+    """Open-loop load through the ClusterIP on a primary slower than its SLO: the guard in the
+    operator's pod sees breached windows, rolls back within ``breachWindows x windowSeconds +
+    2 s`` of the end of the first one, the fallback is raised to the primary's two Ready
+    pods before the Service moves, and no request fails. ``kubectl get`` shows P99 and
+    QUEUE throughout; the guard never writes ``spec.traffic``."""
+    slow_digits(node)
+    before = rollbacks_counted(node)
+    load = node.load(SLOW, rate=40, seconds=30, label="guard-rollback")
+    samples = watch(node, load.proc)
+    records = load.finish()
+    isvc = node.get(resource.PLURAL, SLOW)
+    assert isvc is not None
+    guard = isvc["status"]["guard"]
+
+    assert failures(records) == []
+    breached = [s for s in samples if s["status"].get("guard", {}).get("state") == "breach"]
+    assert breached, f"no breached window seen; last: {samples[-1]['status'].get('guard')}"
+    first_breach = stamp(breached[0]["status"]["guard"]["lastDecisionTime"])
+    rolled = stamp(guard["rolledBackAt"])
+    assert 0 < rolled - first_breach <= BREACH_WINDOWS * WINDOW_S + 2.0, (
+        f"rolled back {rolled - first_breach:.1f} s after the first breached window ended")
+    assert guard["rolledBackModel"].startswith("builtin://digits/random-forest")
+    assert "p99" in guard["rollbackReason"] and guard["state"] == "rolledBack"
+    rolled_back = node.condition(SLOW, "RolledBack")
+    assert (rolled_back["status"], rolled_back["reason"]) == ("True", "AutomaticRollback")
+    assert isvc["spec"]["traffic"] == "primary", "the guard wrote the person's intent"
+    assert node.selected_role(SLOW) == "fallback"
+
+    # the fallback was raised to two Ready pods before the Service moved to it
+    moved = next(s for s in samples if s["selected"] == "fallback")
+    assert moved["fallbacks"] == 2
+    fallback_pods = node.ready_pods(SLOW, "fallback")
+    assert len(fallback_pods) == 2
+    first_fallback = min(r["sent"] for r in records if r["role"] == "fallback")
+    assert first_fallback >= max(ready_since(p) for p in fallback_pods) - 1.0  # whole seconds
+    # P99 and QUEUE were there while it ran, and the SLO met again on the fallback
+    observed = [s["status"].get("observed") or {} for s in samples]
+    assert any(o.get("p99Ms", 0) > 50 and o.get("role") == "primary" for o in observed)
+    table = node.cluster.kubectl("get", "tgis", SLOW, "-n", node.namespace, "-o", "wide").stdout
+    header, row = table.splitlines()[:2]
+    assert "P99-MS" in header and "QUEUE" in header and "GUARD" in header
+    assert "rolledBack" in row and "fallback" in row
+    assert len(node.events(SLOW, "AutomaticRollback")) == 1
+    assert rollbacks_counted(node) == before + 1
+    print(f"first breached window ended -> rollback recorded: {rolled - first_breach:.1f} s; "
+          f"-> first answer from the fallback: {first_fallback - first_breach:.1f} s")
+
+
+def rolled_back(node: OnNode) -> str | None:
+    """``status.guard.rolledBackAt`` of slow-digits, if a rollback is in effect."""
+    status = (node.get(resource.PLURAL, SLOW) or {}).get("status") or {}
+    return (status.get("guard") or {}).get("rolledBackAt")
+
+
+def restart_operator(node: OnNode, *, force: bool = False) -> None:
+    """Delete the operator's pod (``force``: killed at once, no graceful stop) and wait for
+    the Deployment's next pod to be Ready."""
+    old = node.operator_pod()["metadata"]["name"]
+    node.cluster.kubectl("delete", "pod", "-n", RELEASE_NAMESPACE, old, "--wait=false",
+                         *(["--grace-period=0", "--force"] if force else []))
+    wait_for(lambda: [p["metadata"]["name"] for p in node.operator_pods()] not in ([], [old]),
+             timeout=120, what="a new operator pod to be Ready")
+
+
+def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_rearms_it(
+        node: OnNode) -> None:
+    """After a rollback the operator's pod is replaced: its successor finds the rollback in
+    ``status.guard`` and neither undoes nor repeats it. ``tailguard rollforward --cluster``
+    moves traffic back and re-arms the guard; under load it rolls back again, and the operator
+    killed as soon as that rollback is recorded (while the fallback is being raised, when the
+    timing allows) is replaced by one that completes it: one rollback, not two."""
+    if rolled_back(node) is None:  # this test alone: roll back first
+        slow_digits(node)
+        node.load(SLOW, rate=40, seconds=15, label="guard-first").finish()
+        wait_for(lambda: node.selected_role(SLOW) == "fallback", timeout=60,
+                 what="the first rollback")
+    rolled_at = rolled_back(node)
+    events = len(node.events(SLOW, "AutomaticRollback"))
+    restart_operator(node)
+    records = node.load(SLOW, rate=20, seconds=12, label="guard-restart").finish()
+    assert failures(records) == [] and {r["role"] for r in records} == {"fallback"}
+    assert rolled_back(node) == rolled_at
+    assert len(node.events(SLOW, "AutomaticRollback")) == events
+
+    env = {**os.environ, "KUBECONFIG": str(node.cluster.identities["admin"].kubeconfig)}
+    done = subprocess.run([str(TAILGUARD), "rollforward", SLOW, "--cluster", "-n",
+                           node.namespace], capture_output=True, text=True, env=env,
+                          check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "tailguard.dev/roll-forward=" in done.stdout
+    wait_for(lambda: node.selected_role(SLOW) == "primary", timeout=60,
+             what="traffic back on the primary")
+    wait_for(lambda: rolled_back(node) is None, timeout=30,
+             what="the rollback cleared from status.guard")
+    guard = (node.get(resource.PLURAL, SLOW) or {})["status"]["guard"]
+    assert guard["rollForwardObserved"]
+    node.cluster.kubectl("scale", "-n", node.namespace, f"deployment/{SLOW}-fallback",
+                         "--replicas=1")
+    wait_for(lambda: len(node.pods(SLOW, "fallback")) == 1, timeout=60,
+             what="one fallback pod")
+
+    load = node.load(SLOW, rate=40, seconds=30, label="guard-rearmed")
+    killed_while_waiting, second = None, None
+    while load.proc.poll() is None and killed_while_waiting is None:
+        second = rolled_back(node)
+        if second is not None:
+            killed_while_waiting = node.selected_role(SLOW) == "primary"
+            restart_operator(node, force=True)
+        time.sleep(0.1)
+    records = load.finish()
+    assert second is not None, "the re-armed guard did not roll back"
+    assert failures(records) == []
+    wait_for(lambda: node.selected_role(SLOW) == "fallback", timeout=60,
+             what="the new operator to complete the rollback")
+    assert rolled_back(node) == second, "the rollback was recorded twice"
+    assert len(node.ready_pods(SLOW, "fallback")) == 2
+    assert len(node.events(SLOW, "AutomaticRollback")) <= events + 1
+    print(f"operator killed {'before' if killed_while_waiting else 'after'} the Service moved")
+
