@@ -49,6 +49,8 @@ VALUE_SETS: dict[str, dict[str, Any] | None] = {
         "operator": {"image": {"repository": "registry.example/tailguard-operator", "tag": "dev",
                                "pullPolicy": "Always"},
                      "livenessProbe": {"enabled": False}, "podAnnotations": {"a": "b"},
+                     "metrics": {"enabled": False, "port": 8081},
+                     "guard": {"enabled": False, "readTimeoutSeconds": 2.5, "concurrency": 8},
                      "podLabels": {"team": "ml"}, "nodeSelector": {"pool": "system"},
                      "tolerations": [{"key": "system", "operator": "Exists"}],
                      "priorityClassName": "system-cluster-critical"},
@@ -71,12 +73,13 @@ NAMESPACED_RESOURCES = {
     ("apps", "deployments"): ["get", "list", "watch", "create", "patch"],
     ("autoscaling", "horizontalpodautoscalers"): ["get", "list", "watch", "create", "patch"],
     ("policy", "poddisruptionbudgets"): ["get", "list", "watch", "create", "patch"],
+    ("", "pods"): ["get", "list", "watch"],
     ("", "events"): ["create"],
 }
 """What the operator touches in a watched namespace, and the verbs it uses (the children go
 with their owner through garbage collection, so nothing is ever deleted by the operator;
 `update` on the owner's finalizers is what OwnerReferencesPermissionEnforcement asks of a
-controller that sets blockOwnerDeletion)."""
+controller that sets blockOwnerDeletion; the runtime pods are only read, by the SLO guard)."""
 
 
 def grants(rules: list[Mapping[str, Any]]) -> dict[tuple[str, str], list[str]]:
@@ -201,7 +204,10 @@ def test_no_rule_grants_more_than_the_operator_uses(helm: Helm, name: str) -> No
                         "impersonate"} & set(rule["verbs"]), rule
             if "update" in rule["verbs"]:  # only for blockOwnerDeletion on children
                 assert rule["resources"] == ["inferenceservices/finalizers"], rule
-            assert not {"secrets", "pods", "pods/exec"} & set(rule["resources"]), rule
+            assert not {"secrets", "pods/exec"} & set(rule["resources"]), rule
+            if "pods" in rule["resources"]:  # the SLO guard's pod watch: read only
+                assert rule["resources"] == ["pods"] and rule["verbs"] == [
+                    "get", "list", "watch"], rule
 
 
 def test_rbac_covers_every_child_the_operator_builds(helm: Helm) -> None:
@@ -298,6 +304,10 @@ def test_overridden_values_reach_the_operator(helm: Helm) -> None:
     assert container["image"] == "registry.example/tailguard-operator:dev"
     assert container["imagePullPolicy"] == "Always"
     assert "livenessProbe" not in container and "ports" not in container
+    env = env_of(container)
+    assert (env["TAILGUARD_METRICS_PORT"], env["TAILGUARD_GUARD"]) == ("0", "false")
+    assert (env["TAILGUARD_GUARD_READ_TIMEOUT_SECONDS"], env["TAILGUARD_GUARD_CONCURRENCY"]) \
+        == ("2.5", "8")
     assert "TAILGUARD_LIVENESS_ENDPOINT" not in env_of(container)
     env = env_of(container)
     assert env["TAILGUARD_RUNTIME_IMAGE"] == "registry.example/tailguard-runtime:dev"

@@ -29,6 +29,7 @@ from harness.chart import (
     env_of,
     find_commands,
     flag_values,
+    of_kind,
     one,
     operator_container,
     validate_object,
@@ -285,7 +286,19 @@ def test_runtime_pods_run_the_image_as_its_dockerfile_says(role: str) -> None:
 
 
 def test_pod_monitor_selects_the_runtime_pods_on_their_http_port(helm4: Helm) -> None:
-    monitor = one(helm4.template({"podMonitor": {"enabled": True}}), "PodMonitor")["spec"]
+    objs = helm4.template({"podMonitor": {"enabled": True}})
+    monitors = {m["metadata"]["name"].rsplit("-", 1)[1]: m["spec"]
+                for m in of_kind(objs, "PodMonitor")}
+    assert set(monitors) == {"runtime", "operator"}
+    # the operator's own /metrics (tailguard_rollbacks_total), on its port named metrics
+    operator = one(objs, "Deployment")["spec"]["template"]
+    assert monitors["operator"]["selector"]["matchLabels"].items() <= \
+        operator["metadata"]["labels"].items()
+    (ports,) = [c["ports"] for c in operator["spec"]["containers"]]
+    assert {"name": "metrics", "containerPort": 8081, "protocol": "TCP"} in ports
+    assert env_of(operator_container(objs))["TAILGUARD_METRICS_PORT"] == "8081"
+    assert [e["port"] for e in monitors["operator"]["podMetricsEndpoints"]] == ["metrics"]
+    monitor = monitors["runtime"]
     for role in manifests.ROLES:
         pod = _runtime_pod(role, OperatorSettings())
         labels = pod["metadata"]["labels"]
@@ -326,7 +339,7 @@ def _operator_kopf_run(helm: Helm, monkeypatch: pytest.MonkeyPatch, values: dict
     import kopf
 
     from tailguard.cli import main
-    from tailguard.operator import kube
+    from tailguard.operator import handlers, kube
 
     env = env_of(operator_container(helm.template(values)))
     for var in CLI_ENV:
@@ -338,6 +351,8 @@ def _operator_kopf_run(helm: Helm, monkeypatch: pytest.MonkeyPatch, values: dict
     monkeypatch.setattr(kopf, "run", lambda *a, **kw: calls.append({"args": a, **kw}))
     # `tailguard operator` checks credentials before kopf starts; there are none here
     monkeypatch.setattr(kube, "connect", lambda **_: None)
+    served: list[int] = []  # the operator's /metrics port: noted, not bound
+    monkeypatch.setattr(handlers, "start_http_server", served.append)
     main.main(["operator"])
     assert len(calls) == 1 and not calls[0]["args"], calls
     return calls[0]
@@ -415,7 +430,8 @@ def test_kind_script_installs_the_chart_with_values_it_has(demo: list[list[str]]
     container = operator_container(objs)
     assert container["image"] == OPERATOR_IMAGE
     assert env_of(container)["TAILGUARD_RUNTIME_IMAGE"] == RUNTIME_IMAGE
-    assert one(objs, "PodMonitor") and one(objs, "Deployment")["metadata"]["namespace"] == "tailguard-system"
+    assert len(of_kind(objs, "PodMonitor")) == 2  # the runtime pods' and the operator's
+    assert one(objs, "Deployment")["metadata"]["namespace"] == "tailguard-system"
     assert namespace == "tailguard-system"
 
     # prometheus-adapter reads the chart's rules ConfigMap, in its own namespace, and the
