@@ -537,7 +537,8 @@ def test_a_condition_another_writer_sets_in_between_is_not_lost(
     real = kube.patch_status
     writes: list[dict[str, Any]] = []
 
-    def racing(namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def racing(namespace: str, name: str, patch: dict[str, Any],
+               **kwargs: Any) -> dict[str, Any]:
         if not writes:  # the other writer comes in between, once
             scene.admin.request("PATCH", path, {
                 "apiVersion": resource.API_VERSION, "kind": resource.KIND,
@@ -545,7 +546,7 @@ def test_a_condition_another_writer_sets_in_between_is_not_lost(
                 "status": {"conditions": [theirs]}}, "application/apply-patch+yaml",
                 query={"fieldManager": "another-writer", "force": "true"})
         writes.append(patch)
-        return real(namespace, name, patch)
+        return real(namespace, name, patch, **kwargs)
 
     monkeypatch.setattr(kube, "patch_status", racing)
     kube.connect(kubeconfig=str(scene.installation.identity.kubeconfig))
