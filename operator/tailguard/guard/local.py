@@ -36,6 +36,7 @@ from tailguard.guard.policy import (
     remember,
     rolled_forward,
 )
+from tailguard.guard.record import format_time
 from tailguard.guard.rollbacks import bind_rollbacks
 from tailguard.spec.conditions import set_condition
 from tailguard.spec.resource import InferenceService
@@ -213,6 +214,5 @@ class LocalGuard:
         self.out.flush()
 
     def _iso(self) -> str:
-        """The wall time as RFC 3339 UTC with milliseconds (windows may be 1 s long)."""
-        stamp = datetime.fromtimestamp(self._wall(), timezone.utc)
-        return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
+        """The wall time as RFC 3339 UTC with milliseconds (:func:`format_time`)."""
+        return format_time(datetime.fromtimestamp(self._wall(), timezone.utc))

@@ -235,7 +235,9 @@ class ClusterGuard:
         state = (decision.state, decision.breaches, decision.slo_status)
         comparable = _comparable(observed, guard, decision)
         transition = transition or state != tracked.written_state
-        if not self._write_due(tracked, transition, comparable, spec.window_seconds, now_s):
+        if not write_due(transition=transition, changed=comparable != tracked.written,
+                         last_write_s=tracked.written_s, window_s=spec.window_seconds,
+                         now_s=now_s):
             return decision
         written = await asyncio.to_thread(self._write, body, observed, guard, decision)
         if written:
@@ -292,11 +294,6 @@ class ClusterGuard:
                 return None
         READS.labels("ok").inc()
         return totals
-
-    def _write_due(self, tracked: _Tracked, transition: bool, comparable: Any,
-                   window_s: float, now_s: float) -> bool:
-        return write_due(transition=transition, changed=comparable != tracked.written,
-                         last_write_s=tracked.written_s, window_s=window_s, now_s=now_s)
 
     def _write(self, body: Mapping[str, Any], observed: dict[str, Any] | None,
                guard: dict[str, Any], decision: Decision) -> bool:
