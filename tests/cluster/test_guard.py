@@ -10,8 +10,10 @@ on purpose (120 ms a model call, ``delayMs``) under a 50 ms p99 SLO, windows of 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -50,24 +52,25 @@ def slow_digits(node: OnNode, primaries: int = 2) -> None:
     node.wait_serving(SLOW)
 
 
-def watch(node: OnNode, proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
-    """Poll the InferenceService's status, its Service and its Ready fallback pods every
-    0.25 s until ``proc`` ends; one sample per poll."""
+def watch(node: OnNode, proc: subprocess.Popen[bytes], name: str = SLOW
+          ) -> list[dict[str, Any]]:
+    """Poll the InferenceService ``name``'s status, its Service and its Ready fallback pods
+    every 0.25 s until ``proc`` ends; one sample per poll."""
     samples = []
     while proc.poll() is None:
-        isvc = node.get(resource.PLURAL, SLOW) or {}
+        isvc = node.get(resource.PLURAL, name) or {}
         samples.append({"t": time.time(), "status": isvc.get("status") or {},
-                        "selected": node.selected_role(SLOW),
-                        "fallbacks": len(node.ready_pods(SLOW, "fallback"))})
+                        "selected": node.selected_role(name),
+                        "fallbacks": len(node.ready_pods(name, "fallback"))})
         time.sleep(0.25)
     return samples
 
 
-def rollbacks_counted(node: OnNode) -> float:
-    """``tailguard_rollbacks_total`` of slow-digits, read from the operator pod's /metrics."""
+def rollbacks_counted(node: OnNode, name: str = SLOW) -> float:
+    """``tailguard_rollbacks_total`` of ``name``, read from the operator pod's /metrics."""
     ip = node.operator_pod()["status"]["podIP"]
     text = node.fetch(f"http://{ip}:8081/metrics")
-    model = f'model="{node.namespace}/{SLOW}"'
+    model = f'model="{node.namespace}/{name}"'
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("tailguard_rollbacks_total{") and model in line)
 
@@ -137,13 +140,14 @@ def restart_operator(node: OnNode, *, force: bool = False) -> None:
              timeout=120, what="a new operator pod to be Ready")
 
 
-def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_rearms_it(
+def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_or_a_new_model_rearms_it(
         node: OnNode) -> None:
     """After a rollback the operator's pod is replaced: its successor finds the rollback in
     ``status.guard`` and neither undoes nor repeats it. ``tailguard rollforward --cluster``
     moves traffic back and re-arms the guard; under load it rolls back again, and the operator
     killed as soon as that rollback is recorded (while the fallback is being raised, when the
-    timing allows) is replaced by one that completes it: one rollback, not two."""
+    timing allows) is replaced by one that completes it: one rollback, not two. A new primary
+    model re-arms the guard: traffic returns to it, and it is rolled back on its own account."""
     if rolled_back(node) is None:  # this test alone: roll back first
         slow_digits(node)
         node.load(SLOW, rate=40, seconds=15, label="guard-first").finish()
@@ -192,3 +196,151 @@ def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_rearms_it(
     assert len(node.events(SLOW, "AutomaticRollback")) <= events + 1
     print(f"operator killed {'before' if killed_while_waiting else 'after'} the Service moved")
 
+    # a new primary model (still slow) re-arms the guard: traffic goes back to it, and it is
+    # judged afresh and rolled back on its own account
+    slower = "builtin://digits/random-forest?trees=50&delayMs=130"
+    node.patch(SLOW, {"model": {"uri": slower}})
+    wait_for(lambda: node.selected_role(SLOW) == "primary", timeout=120,
+             what="traffic on the new primary")
+    node.wait_serving(SLOW)
+    records = node.load(SLOW, rate=40, seconds=20, label="guard-new-primary").finish()
+    assert failures(records) == []
+    wait_for(lambda: node.selected_role(SLOW) == "fallback", timeout=60,
+             what="the new primary rolled back")
+    guard = (node.get(resource.PLURAL, SLOW) or {})["status"]["guard"]
+    assert guard["rolledBackModel"].startswith(slower), guard
+    assert guard["rolledBackAt"] != second
+
+
+
+ATTACKS = REPO / "tests" / "harness" / "attacks.py"
+HEALTHY = """\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {name: healthy}
+spec:
+  model: {uri: "builtin://iris/random-forest?trees=20"}
+  fallback: {uri: builtin://iris/logistic-regression}
+  batching: {timeoutMs: 3000}
+  slo: {p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
+  rollback: {automatic: true}
+"""
+BUSY = """\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {name: busy}
+spec:
+  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=40"}
+  fallback: {uri: builtin://iris/logistic-regression}
+  batching: {maxBatchSize: 1, maxQueueSize: 8, timeoutMs: 2000}
+  slo: {p99LatencyMs: 200, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 20}
+  scaling: {minReplicas: 2, maxReplicas: 2, targetQueueDepth: 2}
+  rollback: {automatic: true}
+"""
+"""A primary fast for its SLO (40 ms calls against 200 ms) of small capacity: one row per call,
+about 24 requests/s a pod."""
+
+
+def attack(node: OnNode, name: str, kind: str, rate: float, seconds: float
+           ) -> subprocess.Popen[bytes]:
+    """Start :mod:`harness.attacks` inside the cluster's namespace against ``name``'s
+    ClusterIP."""
+    url = f"http://{node.cluster_ip(name)}/v2/models/{name}"
+    return subprocess.Popen(node.holder.command(
+        [sys.executable, str(ATTACKS), url, kind, "--rate", str(rate), "--seconds",
+         str(seconds)]), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def answered(proc: subprocess.Popen[bytes]) -> dict[str, int]:
+    """The attacker's answers counted by status."""
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    return dict(json.loads(out))
+
+
+def never_rolled_back(node: OnNode, name: str, samples: list[dict[str, Any]]) -> None:
+    """Every sample and the InferenceService now: traffic on the primary, no rollback in
+    ``status.guard``, and no AutomaticRollback Event."""
+    assert all(s["selected"] == "primary" for s in samples)
+    assert not any((s["status"].get("guard") or {}).get("rolledBackAt") for s in samples)
+    assert not ((node.get(resource.PLURAL, name) or {})["status"].get("guard") or {}).get(
+        "rolledBackAt")
+    assert node.events(name, "AutomaticRollback") == []
+
+
+def test_idle_overload_and_hostile_clients_never_roll_back(node: OnNode) -> None:
+    """What the guard in the operator must not roll back, on runtime pods of the real node with
+    traffic through the ClusterIP: an idle primary (10 windows, and not one status write), a
+    healthy primary whose other clients send tiny deadlines and requests as large as the whole
+    queue, and a primary at its capacity, with ``maxReplicas`` reached and then with room to
+    scale (overload: the HPA's job)."""
+    for name, text in (("healthy", HEALTHY), ("busy", BUSY)):
+        manifest = node.workdir / f"{name}.yaml"
+        manifest.write_text(text)
+        node.apply(manifest)
+    node.wait_serving("healthy")
+    node.wait_serving("busy")
+
+    def guard_state(name: str) -> str | None:
+        status = (node.get(resource.PLURAL, name) or {}).get("status") or {}
+        return (status.get("guard") or {}).get("state")
+
+    def busy_read() -> bool:  # idle, both pods read: nothing left to write
+        status = (node.get(resource.PLURAL, "busy") or {}).get("status") or {}
+        return ((status.get("guard") or {}).get("state") == "idle"
+                and (status.get("observed") or {}).get("pods") == 2)
+
+    # a change while idle (a pod becoming Ready) is written within max(window, 30 s)
+    wait_for(busy_read, timeout=90, what="the guard to judge busy idle on its two pods")
+    wait_for(lambda: guard_state("healthy") == "idle", timeout=60,
+             what="the guard to judge healthy idle")
+    time.sleep(2.0)  # a write under way is done
+    idle_version = (node.get(resource.PLURAL, "busy") or {})["metadata"]["resourceVersion"]
+    idle_from = time.time()
+
+    # busy idles while healthy's clients attack it
+    before = rollbacks_counted(node, "healthy")
+    attackers = [attack(node, "healthy", "deadlines", 10, 15),
+                 attack(node, "healthy", "oversized", 2, 15)]
+    load = node.load("healthy", rate=40, seconds=15, label="guard-attacked")
+    samples = watch(node, load.proc, "healthy")
+    records = load.finish()
+    deadlines, oversized = (answered(proc) for proc in attackers)
+    busy = node.get(resource.PLURAL, "busy") or {}
+    assert time.time() - idle_from >= 10 * 1.0
+    assert busy["metadata"]["resourceVersion"] == idle_version, (
+        "the idle InferenceService was written: " + json.dumps(busy.get("status"))[:2000])
+    assert busy["status"]["guard"]["state"] == "idle"
+
+    # while an admitted oversized request fills the queue, others are refused 429: real load
+    assert {r["status"] for r in records} <= {200, 429}
+    assert sum(r["status"] == 200 for r in records) >= 0.8 * len(records)
+    assert deadlines.get("429", 0) + deadlines.get("504", 0) >= 15, deadlines
+    assert deadlines.get("200", 0) >= 10 and sum(oversized.values()) >= 10, (deadlines,
+                                                                              oversized)
+    never_rolled_back(node, "healthy", samples)
+    judged = [s["status"].get("observed") or {} for s in samples
+              if (s["status"].get("guard") or {}).get("state") == "ok"]
+    assert judged and max(o.get("judged", 0) for o in judged) >= 10, samples[-1]["status"]
+    excluded = [(o.get("excluded") or {}).get("short_deadline", 0) for o in judged]
+    assert max(excluded) > 0, "the guard did not say it left the tiny deadlines out"
+    assert rollbacks_counted(node, "healthy") == before
+
+    # busy offered four times what its two pods serve: at maxReplicas, then with room to scale
+    for phase, max_replicas, answer in (("at-max", 2, "at maxReplicas=2"),
+                                        ("room", 4, "scaling's job")):
+        node.patch("busy", {"scaling": {"maxReplicas": max_replicas}})
+        load = node.load("busy", rate=100, seconds=10, label=f"guard-overload-{phase}")
+        samples = watch(node, load.proc, "busy")
+        records = load.finish()
+        assert sum(r["status"] == 429 for r in records) > 0, "no overload"
+        overloaded = [s["status"]["guard"] for s in samples
+                      if (s["status"].get("guard") or {}).get("state") == "overload"]
+        assert overloaded, [s["status"].get("guard") for s in samples[-5:]]
+        assert any(answer in g.get("lastDecisionReason", "") for g in overloaded), overloaded
+        assert not any((s["status"].get("guard") or {}).get("state") == "breach"
+                       and s["status"]["guard"].get("breaches", 0) >= 2 for s in samples)
+        never_rolled_back(node, "busy", samples)
+        wait_for(lambda: guard_state("busy") == "idle", timeout=30,
+                 what="busy idle again")
+    assert len(node.ready_pods("busy", "primary")) == 2

@@ -36,7 +36,7 @@ from tailguard.guard.policy import (
     remember,
     rolled_forward,
 )
-from tailguard.guard.record import format_time
+from tailguard.guard.record import GuardRecord, format_time, guard_status, parse_time
 from tailguard.guard.rollbacks import bind_rollbacks
 from tailguard.spec.conditions import set_condition
 from tailguard.spec.resource import InferenceService
@@ -124,23 +124,21 @@ class LocalGuard:
 
     def status(self) -> dict[str, Any]:
         """What the cluster keeps in ``status`` (the CRD's shape): ``activeModel``,
-        ``observed``, ``guard`` and the ``SLOMet``/``RolledBack`` conditions."""
+        ``observed``, ``guard`` (built as the cluster's guard builds it,
+        :func:`~tailguard.guard.record.guard_status`) and the ``SLOMet``/``RolledBack``
+        conditions."""
         doc: dict[str, Any] = {"activeModel": self.runtime.active_role,
                                "conditions": list(self._conditions)}
         if self.observation is not None:
             doc["observed"] = status_observed(self.observation, self._observed_at)
-        guard: dict[str, Any] = {}
-        if self.decision is not None:
-            d = self.decision
-            guard.update(state=d.state, breaches=d.breaches, lastDecision=d.action.value,
-                         lastDecisionReason=d.reason, lastDecisionTime=self._observed_at)
-        if self.history.rollback is not None:
-            guard.update(rolledBackAt=self._events.get("rolledBackAt", ""),
-                         rollbackReason=self.history.rollback.reason,
-                         rolledBackModel=self.history.rollback.primary)
-        if "lastActionTime" in self._events:
-            guard["lastActionTime"] = self._events["lastActionTime"]
-        doc["guard"] = guard
+        rollback = self.history.rollback
+        record = GuardRecord(
+            rolled_back_at=None if rollback is None else parse_time(
+                self._events.get("rolledBackAt")),
+            reason="" if rollback is None else rollback.reason,
+            model="" if rollback is None else rollback.primary,
+            last_action_at=parse_time(self._events.get("lastActionTime")))
+        doc["guard"] = guard_status(self.decision, record, self._observed_at)
         return doc
 
     def label(self) -> str:

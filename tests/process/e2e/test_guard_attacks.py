@@ -11,13 +11,13 @@ the primary's p99 stayed far under the SLO.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
 
+from harness.attacks import oversized, tiny_deadline
 from harness.guard import Attacker, StatusPoller, load, rollbacks, serving, stamp
 from harness.up import Up
 
@@ -31,7 +31,6 @@ spec:
   batching: {{timeoutMs: 3000}}
   slo: {{p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}}
 """
-ROW = [[5.1, 3.5, 1.4, 0.2]]
 
 
 @pytest.fixture
@@ -48,26 +47,15 @@ def broken(tmp_path: Path) -> Iterator[Up]:
 
 
 class TinyDeadlines(Attacker):
-    """Requests whose own deadline is shorter than the SLO, in turn by header
-    (``X-Request-Timeout-Ms: 0.001``), by v2 parameter (``timeout``: 1 µs), and by a header
-    short of the SLO but long enough to be answered (100 ms against 150: its fast 200s must not
-    dilute the slow answers either)."""
+    """Requests whose own deadline is shorter than the SLO (:func:`harness.attacks.tiny_deadline`)."""
 
     def __init__(self, up: Up, name: str, rate: float = 10.0) -> None:
         super().__init__(rate)
         self.url = f"{up.base}/v2/models/{name}/infer"
 
     def send(self, client: httpx.Client, n: int) -> httpx.Response:
-        doc: dict[str, object] = {"inputs": [{"name": "input-0", "shape": [1, 4],
-                                              "datatype": "FP64", "data": ROW}]}
-        headers = {"Content-Type": "application/json"}
-        if n % 3 == 0:
-            headers["X-Request-Timeout-Ms"] = "0.001"
-        elif n % 3 == 1:
-            doc["parameters"] = {"timeout": 1}
-        else:
-            headers["X-Request-Timeout-Ms"] = "100"
-        return client.post(self.url, content=json.dumps(doc), headers=headers)
+        body, headers = tiny_deadline(n)
+        return client.post(self.url, content=body, headers=headers)
 
 
 def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path: Path) -> None:
@@ -109,19 +97,17 @@ def test_tiny_deadlines_never_stop_a_broken_primary_from_being_rolled_back(
 
 
 class Oversized(Attacker):
-    """Requests of ``maxQueueSize`` rows (256, the default): refused 429 ``queue_full``
-    whenever anything is queued, admitted (and run) only on an empty queue. Refusals never
-    paint a window as overload; what is admitted is real work."""
+    """Requests of ``maxQueueSize`` rows (256, the default; :func:`harness.attacks.oversized`):
+    refused 429 ``queue_full`` whenever anything is queued, admitted (and run) only on an empty
+    queue. Refusals never paint a window as overload; what is admitted is real work."""
 
     def __init__(self, up: Up, name: str, rate: float = 2.0) -> None:
         super().__init__(rate)
         self.url = f"{up.base}/v2/models/{name}/infer"
-        self.body = json.dumps({"inputs": [{"name": "input-0", "shape": [256, 4],
-                                            "datatype": "FP64", "data": ROW * 256}]})
+        self.body, self.headers = oversized(256)
 
     def send(self, client: httpx.Client, n: int) -> httpx.Response:
-        return client.post(self.url, content=self.body,
-                           headers={"Content-Type": "application/json"})
+        return client.post(self.url, content=self.body, headers=self.headers)
 
 
 def test_oversized_requests_never_stop_a_broken_primary_from_being_rolled_back(
