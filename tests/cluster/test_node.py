@@ -15,12 +15,14 @@ import pytest
 
 from harness import REPO
 from harness.kube.client import wait_for
+from harness.kube.images import node_images
 from harness.onnode import (
     OnNode,
     failures,
     is_ready,
     on_node,
     ready_since,
+    upgrade_runtime_tag,
 )
 from tailguard.operator.manifests import CHECKSUM_ANNOTATION
 
@@ -147,6 +149,43 @@ def test_a_new_primary_model_rolls_out_under_load_without_a_failed_request(
     assert first_new >= min(ready_since(p) for p in new_pods)
     assert {model for _, model in models} == {old_uri, new_uri}
     assert models[-1][1] == new_uri
+
+
+def test_a_rollout_whose_pods_cannot_start_keeps_traffic_and_says_why(node: OnNode) -> None:
+    """The chart is upgraded to a runtime image the node does not have: the new operator rolls
+    every runtime Deployment to pods that cannot start (``ErrImageNeverPull``). Under load
+    through the ClusterIP nothing fails and only the old pods serve; ``PrimaryReady`` (no
+    Ready pod of the current template) and ``Ready`` say ``PodsNotStarting``, name the pod and
+    the kubelet's reason, and that the previous template's pod still serves. The image put
+    back, the rollout ends and the condition says ``ReplicasReady`` again."""
+    iris(node)
+    serving = {p["metadata"]["name"] for p in node.ready_pods("iris", "primary")}
+    upgrade_runtime_tag(node.cluster, "absent")
+    try:
+        wait_for(lambda: node.condition("iris", "PrimaryReady").get("reason")
+                 == "PodsNotStarting", timeout=120, what="PrimaryReady to say PodsNotStarting")
+        records = node.load("iris", rate=20, seconds=10, label="stuck-rollout").finish()
+        condition = node.condition("iris", "PrimaryReady")
+        stuck = [p["metadata"]["name"] for p in node.pods("iris", "primary")
+                 if p["metadata"]["name"] not in serving]
+        assert failures(records) == []
+        assert {r["role"] for r in records} == {"primary"}
+        assert {p["metadata"]["name"] for p in node.ready_pods("iris", "primary")} == serving
+        assert condition["status"] == "False", condition
+        assert stuck and any(name in condition["message"] for name in stuck), (condition, stuck)
+        assert "ErrImageNeverPull" in condition["message"]
+        assert "absent" in condition["message"]  # the kubelet's message names the image
+        assert "1 Ready pod(s) of the previous template still serve" in condition["message"]
+        ready = node.condition("iris", "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "PodsNotStarting"), ready
+    finally:
+        upgrade_runtime_tag(node.cluster, node_images()["runtime"].tag)
+    wait_for(lambda: node.condition("iris", "PrimaryReady").get("reason") == "ReplicasReady"
+             and node.condition("iris", "FallbackReady").get("reason") == "ReplicasReady",
+             timeout=120, what="the conditions to say ReplicasReady again")
+    for name in node.names():
+        node.wait_serving(name)
+    assert all(is_ready(p) for p in node.pods("iris"))
 
 
 def test_deleted_and_scaled_in_pods_lose_no_admitted_request(node: OnNode) -> None:

@@ -22,7 +22,7 @@ from harness.kube.client import ApiError, Client, wait_for
 from harness.kube.controlplane import ControlPlane
 from harness.kube.holder import Holder
 from harness.kube.images import Image
-from harness.kube.install import Installation, helm, install
+from harness.kube.install import CHART, Installation, helm, install
 from harness.kube.node import LABELS, TAINT
 from harness.kube.node import NAME as NODE_NAME
 from tailguard.spec import resource
@@ -67,6 +67,18 @@ def installed_on_node(cluster: ControlPlane, admin: Client, namespace: str,
         "status", {}).get("readyReplicas") == 1, timeout=120,
         what=f"the operator pod of {RELEASE} to be Ready")
     return installation
+
+
+def upgrade_runtime_tag(cluster: ControlPlane, tag: str) -> None:
+    """``helm upgrade`` the real node's release with another runtime image tag (the rest of
+    its values kept) and wait until its operator pod is Ready again: the new operator rolls
+    every runtime Deployment to that image.
+
+    Raises:
+        subprocess.CalledProcessError: helm refused, or the operator was not Ready in 180 s.
+    """
+    helm(cluster, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
+         "--reuse-values", "--set", f"runtime.image.tag={tag}", "--wait", "--timeout", "180s")
 
 
 def uninstall(cluster: ControlPlane) -> None:
@@ -145,6 +157,11 @@ class OnNode:
         service = self.get("services", name)
         assert service, f"no Service {name}"
         return str(service["spec"]["clusterIP"])
+
+    def names(self) -> list[str]:
+        """The InferenceServices in the namespace."""
+        return sorted(i["metadata"]["name"] for i in self.admin.list(resource.PLURAL,
+                                                                     self.namespace))
 
     def delete_all(self) -> None:
         """Delete every InferenceService in the namespace and wait until their pods are gone."""

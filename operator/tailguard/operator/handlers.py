@@ -95,14 +95,14 @@ class Outcome:
 
 def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
                       now: datetime.datetime | None = None,
-                      cache: WatchCache | None = None) -> Outcome:
+                      cache: WatchCache | None = None, pods: PodIndex | None = None) -> Outcome:
     """Bring the InferenceService ``namespace/name``'s children and status in line with its
     spec; one pass at a time per object (calls from several kopf workers wait for each other).
 
     Reads the object and its children (from ``cache`` when given: what the watches delivered,
     the namespace seeded by a list first if it is not yet; else from the API), creates missing
     children, merge-patches what differs (see :mod:`tailguard.operator.reconcile`), writes the
-    status only if it changed, and records Events on transitions. A missing or terminating
+    status only if it changed (naming the runtime pods in ``pods`` that cannot start), and records Events on transitions. A missing or terminating
     object is left alone (``Outcome()``). When :func:`reconcile_soon` asked for another pass
     while this one ran, it runs again before returning (the last pass's outcome is returned).
 
@@ -116,7 +116,8 @@ def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
         try:
             while True:
                 outcome = _reconcile(namespace, name, settings,
-                                     now or datetime.datetime.now(datetime.timezone.utc), cache)
+                                     now or datetime.datetime.now(datetime.timezone.utc), cache,
+                                     pods)
                 with _locks_guard:
                     if key not in _again:
                         break
@@ -133,7 +134,7 @@ def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
 
 
 def reconcile_soon(namespace: str, name: str, settings: OperatorSettings,
-                   cache: WatchCache | None = None) -> None:
+                   cache: WatchCache | None = None, pods: PodIndex | None = None) -> None:
     """:func:`reconcile_service`, unless a pass of that InferenceService is running: then that
     pass runs once more when it ends, and this returns at once (a burst of child events
     makes one more pass, not one each).
@@ -145,7 +146,7 @@ def reconcile_soon(namespace: str, name: str, settings: OperatorSettings,
         if (namespace, name) in _running:
             _again.add((namespace, name))
             return
-    reconcile_service(namespace, name, settings, cache=cache)
+    reconcile_service(namespace, name, settings, cache=cache, pods=pods)
 
 
 def seed_namespace(cache: WatchCache, namespace: str) -> None:
@@ -178,7 +179,8 @@ def _reader(cache: WatchCache | None,
 
 
 def _reconcile(namespace: str, name: str, settings: OperatorSettings,
-               now: datetime.datetime, cache: WatchCache | None) -> Outcome:
+               now: datetime.datetime, cache: WatchCache | None,
+               pods: PodIndex | None) -> Outcome:
     logger.debug("pass service=%s/%s", namespace, name)
     read = _reader(cache, namespace)
     body = read(resource.KIND, name)
@@ -228,10 +230,13 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
 
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
+    not_starting = {role: [pod.line() for pod in stuck] for role, stuck in
+                    (pods.not_starting(namespace, name) if pods is not None else {}).items()}
     write_status(body, lambda stored: build_status(
         stored, isvc, generation=generation, plan=plan, deployments=deployments,
         conflicts=conflicts, refused=refused, now=now,
-        automatic=record.reason if automatic and isvc.traffic != "fallback" else None), cache)
+        automatic=record.reason if automatic and isvc.traffic != "fallback" else None,
+        not_starting=not_starting), cache)
     outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
                       conflicts=tuple(conflicts), refused=tuple(refused))
     _announce(body, previous, outcome, now)
@@ -461,7 +466,7 @@ async def resync(memo: Any) -> None:
                     await asyncio.to_thread(seed_namespace, cache, namespace)
                     listed.add(namespace)
                 outcome = await asyncio.to_thread(reconcile_service, namespace, name, settings,
-                                                  cache=cache)
+                                                  cache=cache, pods=_pods(memo))
             except Exception as exc:
                 logger.warning("resync failed service=%s/%s error=%s", namespace, name, exc,
                                exc_info=not isinstance(exc, kube.KubeError))
@@ -497,10 +502,10 @@ async def start_guard(*, memo: Any, **_: Any) -> None:
         return
     peers: Peering | None = getattr(memo, "peering", None)
     namespaces = getattr(memo, "namespaces", ())
-    cache = _cache(memo)
+    cache, pods = _cache(memo), _pods(memo)
     guard = ClusterGuard(
-        settings, cache, _pods(memo),
-        reconcile=lambda namespace, name: reconcile_soon(namespace, name, settings, cache),
+        settings, cache, pods,
+        reconcile=lambda namespace, name: reconcile_soon(namespace, name, settings, cache, pods),
         is_active=None if peers is None else (lambda scope: _active(peers, scope)),
         cluster_wide=not namespaces)
     memo.guard_task = asyncio.create_task(guard.run(), name="tailguard-guard")
@@ -545,7 +550,7 @@ def reconcile_handler(*, namespace: str | None, name: str, body: kopf.Body, memo
     _known(memo).add(namespace or "", name)
     cache = _cache(memo)
     cache.keep(body)
-    outcome = reconcile_service(namespace or "", name, settings, cache=cache)
+    outcome = reconcile_service(namespace or "", name, settings, cache=cache, pods=_pods(memo))
     if outcome.invalid is not None:
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
     if outcome.refused:
@@ -572,7 +577,7 @@ def child_changed(*, type: str | None, body: kopf.Body, namespace: str | None, m
         return  # a status write that no pass reads (the HPA controller's, every few seconds)
     _known(memo).add(namespace, owner)
     try:
-        reconcile_soon(namespace, owner, memo.tailguard, cache)
+        reconcile_soon(namespace, owner, memo.tailguard, cache, _pods(memo))
     except BaseException:
         seen.forget(body)  # the next event of this child must get its pass
         raise
@@ -589,13 +594,17 @@ def service_changed(*, type: str | None, body: kopf.Body, memo: Any, **_: Any) -
 
 
 @kopf.on.event(*_PODS, id="guard-pods", labels={manifests.LABEL_MANAGED_BY: manifests.MANAGED_BY})
-def pod_changed(*, type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
-    """Keep each runtime pod the watch delivers in the guard's pod index (read only: the
-    operator never writes a pod, and a pod's change starts no reconcile pass)."""
-    if type == "DELETED":
-        _pods(memo).drop(body)
-    else:
-        _pods(memo).keep(body)
+def pod_changed(*, type: str | None, body: kopf.Body, namespace: str | None, memo: Any,
+                **_: Any) -> None:
+    """Keep each runtime pod the watch delivers in the pod index (read only: the operator never
+    writes a pod). A pod that starts or stops being unable to start (an image that is not
+    there, a crash loop) reconciles its InferenceService, whose status names it; other pod
+    changes start no pass (the Deployment's status brings readiness)."""
+    pods = _pods(memo)
+    changed = pods.drop(body) if type == "DELETED" else pods.keep(body)
+    service = (body.get("metadata", {}).get("labels") or {}).get(manifests.LABEL_SERVICE)
+    if changed and namespace and service:
+        reconcile_soon(namespace, service, memo.tailguard, _cache(memo), pods)
 
 
 for _group, _version, _plural in _CHILDREN:

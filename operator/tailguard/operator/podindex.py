@@ -1,9 +1,11 @@
-"""The runtime pods the operator watches, as the SLO guard reads them.
+"""The runtime pods the operator watches: as the SLO guard reads them, and those that cannot start.
 
 The operator watches the pods it created (by its ``app.kubernetes.io/managed-by`` label, read
 only: it never writes a pod). :class:`PodIndex` keeps, for each InferenceService, what the
 guard needs of each pod (:class:`PodTarget`: its uid, name, IP, role and readiness), not the
-pod's body: a few hundred bytes a pod, whatever the size of its spec. Thread-safe (kopf runs
+pod's body: a few hundred bytes a pod, whatever the size of its spec. It also keeps the pods
+that cannot start (:class:`StuckPod`: an image that is not there, a container that crashes in
+a loop), which the reconcile pass names in the role's condition. Thread-safe (kopf runs
 handlers in worker threads; the guard reads from the event loop). Pure otherwise: no I/O.
 """
 
@@ -51,28 +53,87 @@ def pod_target(body: Mapping[str, Any]) -> PodTarget | None:
                      str(meta.get("uid", "")), str(meta.get("name", "")), str(ip), ready, port)
 
 
+NOT_STARTING_REASONS = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+    "CrashLoopBackOff"})
+"""Reasons a container waits (``status.containerStatuses[].state.waiting.reason``, set by the
+kubelet) that do not pass by themselves: the pod needs something a person must fix (an image,
+a config, a model that loads). ``ContainerCreating`` and ``PodInitializing`` are not here: they
+pass."""
+MESSAGE_CHARS = 300
+"""Longest message kept of a waiting container."""
+
+
+@dataclass(frozen=True)
+class StuckPod:
+    """A runtime pod whose container waits for a reason in :data:`NOT_STARTING_REASONS`."""
+
+    namespace: str
+    service: str
+    role: str
+    uid: str
+    name: str
+    reason: str
+    message: str
+
+    def line(self) -> str:
+        """``NAME: REASON: MESSAGE`` (no message: ``NAME: REASON``)."""
+        return f"{self.name}: {self.reason}" + (f": {self.message}" if self.message else "")
+
+
+def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
+    """The pod as one that cannot start, or ``None``: no InferenceService or role label,
+    terminating, or no container waiting for a reason in :data:`NOT_STARTING_REASONS`."""
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    service, role = labels.get(LABEL_SERVICE), labels.get(LABEL_ROLE)
+    if not service or not role or meta.get("deletionTimestamp"):
+        return None
+    status = body.get("status") or {}
+    for container in (status.get("initContainerStatuses") or []) + (
+            status.get("containerStatuses") or []):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in NOT_STARTING_REASONS:
+            message = " ".join(str(waiting.get("message") or "").split())[:MESSAGE_CHARS]
+            return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
+                            str(meta.get("uid", "")), str(meta.get("name", "")),
+                            str(waiting["reason"]), message)
+    return None
+
+
 class PodIndex:
-    """:class:`PodTarget` by InferenceService (``namespace``, ``name``) and pod uid."""
+    """:class:`PodTarget` and :class:`StuckPod` by InferenceService (``namespace``, ``name``)
+    and pod uid."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], dict[str, PodTarget]] = {}
         self._where: dict[str, tuple[str, str]] = {}  # pod uid -> its InferenceService
+        self._stuck: dict[tuple[str, str], dict[str, StuckPod]] = {}
+        self._stuck_where: dict[str, tuple[str, str]] = {}
 
-    def keep(self, body: Mapping[str, Any]) -> None:
+    def keep(self, body: Mapping[str, Any]) -> bool:
         """A pod was listed, added or changed: index it, or drop it when it is no longer one to
-        read (:func:`pod_target`)."""
+        read (:func:`pod_target`); note it when it cannot start (:func:`stuck_pod`). Returns
+        whether what :meth:`not_starting` says of its InferenceService changed."""
         target = pod_target(body)
         if target is None:
-            self.drop(body)
-            return
-        key = (target.namespace, target.service)
-        with self._lock:
-            self._pods.setdefault(key, {})[target.uid] = target
-            self._where[target.uid] = key
+            self._drop_target(body)
+        else:
+            key = (target.namespace, target.service)
+            with self._lock:
+                self._pods.setdefault(key, {})[target.uid] = target
+                self._where[target.uid] = key
+        return self._note_stuck(body, stuck_pod(body))
 
-    def drop(self, body: Mapping[str, Any]) -> None:
-        """A pod was deleted (or stopped being one to read)."""
+    def drop(self, body: Mapping[str, Any]) -> bool:
+        """A pod was deleted. Returns whether what :meth:`not_starting` says of its
+        InferenceService changed."""
+        self._drop_target(body)
+        return self._note_stuck(body, None)
+
+    def _drop_target(self, body: Mapping[str, Any]) -> None:
         uid = str((body.get("metadata") or {}).get("uid", ""))
         with self._lock:
             key = self._where.pop(uid, None)
@@ -82,6 +143,28 @@ class PodIndex:
             pods.pop(uid, None)
             if not pods:
                 self._pods.pop(key, None)
+
+    def _note_stuck(self, body: Mapping[str, Any], stuck: StuckPod | None) -> bool:
+        uid = str((body.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            key = self._stuck_where.pop(uid, None)
+            before = self._stuck.get(key, {}).pop(uid, None) if key is not None else None
+            if key is not None and not self._stuck.get(key):
+                self._stuck.pop(key, None)
+            if stuck is not None:
+                where = (stuck.namespace, stuck.service)
+                self._stuck.setdefault(where, {})[uid] = stuck
+                self._stuck_where[uid] = where
+        return before != stuck
+
+    def not_starting(self, namespace: str, service: str) -> dict[str, list[StuckPod]]:
+        """The pods of one InferenceService that cannot start, by role, each list by name."""
+        with self._lock:
+            stuck = list(self._stuck.get((namespace, service), {}).values())
+        out: dict[str, list[StuckPod]] = {}
+        for pod in sorted(stuck, key=lambda p: p.name):
+            out.setdefault(pod.role, []).append(pod)
+        return out
 
     def ready(self, namespace: str, service: str, role: str) -> list[PodTarget]:
         """The Ready pods of one role of one InferenceService, by name."""

@@ -35,7 +35,8 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
                  generation: int | None, plan: TrafficPlan,
                  deployments: Mapping[str, Mapping[str, Any] | None],
                  conflicts: Sequence[str], now: datetime.datetime,
-                 refused: Sequence[str] = (), automatic: str | None = None) -> dict[str, Any]:
+                 refused: Sequence[str] = (), automatic: str | None = None,
+                 not_starting: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """The owned part of the status after a reconcile pass.
 
     ``deployments`` maps each role to its live Deployment (or ``None``); ``conflicts`` names
@@ -43,7 +44,10 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
     create or patch the API server refused (``Kind/name: 403 Forbidden: ...``). Either makes
     ``Ready`` False, refusals first (reason ``ChildRefused``). ``automatic``: the reason of the
     SLO guard's rollback when it is what holds traffic on the fallback (``RolledBack`` then
-    says ``AutomaticRollback``), else ``None``.
+    says ``AutomaticRollback``), else ``None``. ``not_starting`` maps a role to one line per
+    pod of it that cannot start (``NAME: REASON: MESSAGE``, e.g. an image that is not there):
+    its condition (and ``Ready``, when that role has traffic and no Ready replica) then says
+    ``PodsNotStarting`` and names them.
     """
     replicas = {role: {"desired": desired_replicas(deployments.get(role)),
                        "ready": ready_replicas(deployments.get(role))}
@@ -55,9 +59,14 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
         conditions = set_condition(conditions, type_, status, reason, message,
                                    generation=generation, now=now)
 
+    stuck = {role: _pods_line(lines, _older_ready(deployments.get(role), replicas[role]["ready"]))
+             for role, lines in (not_starting or {}).items() if lines}
     for role, type_ in (("primary", "PrimaryReady"), ("fallback", "FallbackReady")):
         counts = f"{replicas[role]['ready']}/{replicas[role]['desired']} replicas ready"
-        if replicas[role]["ready"] > 0:
+        status = "True" if replicas[role]["ready"] > 0 else "False"
+        if role in stuck:
+            put(type_, status, "PodsNotStarting", f"{counts}; {stuck[role]}")
+        elif replicas[role]["ready"] > 0:
             put(type_, "True", "ReplicasReady", counts)
         else:
             put(type_, "False", "NoReadyReplicas", counts)
@@ -73,6 +82,9 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
         put("Ready", "True", "Serving",
             f"traffic goes to the {plan.active} model "
             f"({active['ready']}/{active['desired']} replicas ready)")
+    elif plan.active in stuck:
+        put("Ready", "False", "PodsNotStarting",
+            f"the {plan.active} model (active) has no Ready replicas: {stuck[plan.active]}")
     else:
         put("Ready", "False", "NoReadyReplicas",
             f"the {plan.active} model (active) has no Ready replicas yet")
@@ -103,6 +115,27 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
         "replicaSummary": f"{active['ready']}/{active['desired']}",
         "conditions": ordered(conditions),
     }
+
+
+MAX_NAMED_PODS = 3
+"""Pods that cannot start named in a condition's message at most (the rest are counted)."""
+
+
+def _pods_line(lines: Sequence[str], older_ready: int) -> str:
+    """``N pod(s) cannot start: LINE; LINE; ...`` naming at most :data:`MAX_NAMED_PODS`, and
+    how many Ready pods of the previous template still serve."""
+    named = "; ".join(lines[:MAX_NAMED_PODS])
+    more = f"; {len(lines) - MAX_NAMED_PODS} more" if len(lines) > MAX_NAMED_PODS else ""
+    older = (f" ({older_ready} Ready pod(s) of the previous template still serve)"
+             if older_ready else "")
+    return f"{len(lines)} pod(s) cannot start: {named}{more}{older}"
+
+
+def _older_ready(deployment: Mapping[str, Any] | None, current_ready: int) -> int:
+    """Ready pods of a Deployment's previous templates: ``status.readyReplicas`` counts every
+    ReplicaSet's, ``current_ready`` is the current template's."""
+    status = (deployment or {}).get("status") or {}
+    return max(0, int(status.get("readyReplicas") or 0) - current_ready)
 
 
 def invalid_status(previous: Mapping[str, Any], *, generation: int | None, message: str,

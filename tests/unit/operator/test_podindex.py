@@ -1,15 +1,16 @@
-"""The pods the guard reads: Ready runtime pods of a role, indexed by their InferenceService."""
+"""The pods the guard reads (Ready runtime pods of a role) and those that cannot start, indexed by
+their InferenceService."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tailguard.operator.podindex import PodIndex, pod_target
+from tailguard.operator.podindex import PodIndex, pod_target, stuck_pod
 
 
 def pod(name: str, role: str = "primary", *, ready: bool = True, ip: str | None = "10.244.0.7",
         phase: str = "Running", service: str = "iris", port: int | None = 8080,
-        deleting: bool = False) -> dict[str, Any]:
+        deleting: bool = False, waiting: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": "team", "uid": f"uid-{name}",
                             "labels": {"tailguard.dev/inferenceservice": service,
                                        "tailguard.dev/role": role}}
@@ -20,6 +21,9 @@ def pod(name: str, role: str = "primary", *, ready: bool = True, ip: str | None 
         {"type": "Ready", "status": "True" if ready else "False"}]}
     if ip:
         status["podIP"] = ip
+    if waiting:
+        status["containerStatuses"] = [{"name": "runtime", "ready": False, "state": {"waiting": {
+            "reason": waiting, "message": f"{waiting} of\n  docker.io/tailguard/runtime:absent"}}}]
     return {"kind": "Pod", "metadata": meta,
             "spec": {"containers": [{"name": "runtime", "ports": ports}]}, "status": status}
 
@@ -54,3 +58,34 @@ def test_the_index_follows_the_watch() -> None:
     index.drop(pod("p2"))
     index.drop(pod("never-seen"))
     assert index.uids("team", "iris") == set() and index.ready("team", "iris", "primary") == []
+
+
+def test_a_pod_waiting_for_what_a_person_must_fix_cannot_start() -> None:
+    stuck = stuck_pod(pod("p9", phase="Pending", waiting="ErrImageNeverPull"))
+    assert stuck is not None
+    assert stuck.line() == ("p9: ErrImageNeverPull: ErrImageNeverPull of "
+                            "docker.io/tailguard/runtime:absent")
+    assert stuck_pod(pod("p9", waiting="CrashLoopBackOff")) is not None  # Running, restarting
+    assert stuck_pod(pod("p9", phase="Pending", waiting="ContainerCreating")) is None  # passes
+    assert stuck_pod(pod("p9", phase="Pending")) is None
+    assert stuck_pod(pod("p9", waiting="ErrImagePull", deleting=True)) is None
+
+
+def test_the_index_says_when_its_pods_that_cannot_start_change() -> None:
+    index = PodIndex()
+    assert index.keep(pod("p1")) is False  # serving: nothing to say
+    assert index.keep(pod("p2", phase="Pending", waiting="ErrImageNeverPull")) is True
+    assert index.keep(pod("p2", phase="Pending", waiting="ErrImageNeverPull")) is False  # same
+    assert index.keep(pod("f2", "fallback", phase="Pending", waiting="ErrImagePull")) is True
+    assert index.keep(pod("p3", phase="Pending", waiting="ErrImageNeverPull",
+                          service="digits")) is True
+    stuck = index.not_starting("team", "iris")
+    assert {role: [p.name for p in pods] for role, pods in stuck.items()} == {
+        "primary": ["p2"], "fallback": ["f2"]}
+    assert index.keep(pod("p2", phase="Pending", waiting="ImagePullBackOff")) is True
+    assert index.not_starting("team", "iris")["primary"][0].reason == "ImagePullBackOff"
+    assert index.drop(pod("p2")) is True
+    assert index.keep(pod("f2", "fallback")) is True  # it started after all
+    assert index.not_starting("team", "iris") == {}
+    assert [p.name for p in index.ready("team", "iris", "fallback")] == ["f2"]
+    assert list(index.not_starting("team", "digits")) == ["primary"]

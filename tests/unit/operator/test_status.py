@@ -33,13 +33,14 @@ def deployments(primary: int, fallback: int) -> dict[str, Any]:
 
 def build(previous: dict[str, Any], primary: int = 1, fallback: int = 1, *,
           intent: str = "primary", current: str = "primary", now: datetime.datetime = T0,
-          conflicts: tuple[str, ...] = ()) -> dict[str, Any]:
+          conflicts: tuple[str, ...] = (),
+          not_starting: dict[str, list[str]] | None = None) -> dict[str, Any]:
     plan = reconcile.plan_traffic(intent=intent, current=current,
                                   ready={"primary": primary, "fallback": fallback},
                                   min_replicas=1, max_replicas=5)
     status: dict[str, Any] = build_status(
         previous, ISVC, generation=4, plan=plan, deployments=deployments(primary, fallback),
-        conflicts=conflicts, now=now)
+        conflicts=conflicts, now=now, not_starting=not_starting)
     return status
 
 
@@ -105,6 +106,41 @@ def test_rollback_conditions() -> None:
     back = by_type(build(done, primary=1, fallback=2, intent="primary", current="fallback"))
     assert (back["RolledBack"]["status"], back["RolledBack"]["reason"]) == \
         ("True", "WaitingForPrimary")
+
+
+def test_pods_that_cannot_start_are_named_in_their_role_condition() -> None:
+    line = "iris-primary-7f9-x2: ErrImageNeverPull: image is not present"
+    scaling = by_type(build({}, primary=1, not_starting={"primary": [line]}))
+    assert (scaling["PrimaryReady"]["status"], scaling["PrimaryReady"]["reason"]) == \
+        ("True", "PodsNotStarting")  # a new pod of the same template: the others serve
+    assert scaling["PrimaryReady"]["message"] == (
+        f"1/1 replicas ready; 1 pod(s) cannot start: {line}")
+    assert scaling["Ready"]["reason"] == "Serving"
+    assert scaling["FallbackReady"]["reason"] == "ReplicasReady"
+    # a rollout: the new template's pod cannot start, the old one is Ready and serves
+    plan = reconcile.plan_traffic(intent="primary", current="primary",
+                                  ready={"primary": 0, "fallback": 1}, min_replicas=1,
+                                  max_replicas=5)
+    rolling_out = deployments(0, 1)
+    rolling_out["primary"]["status"].update(replicas=2, updatedReplicas=1, readyReplicas=1)
+    rolling = by_type(build_status({}, ISVC, generation=4, plan=plan, deployments=rolling_out,
+                                   conflicts=(), now=T0, not_starting={"primary": [line]}))
+    assert (rolling["PrimaryReady"]["status"], rolling["PrimaryReady"]["reason"]) == \
+        ("False", "PodsNotStarting")
+    assert rolling["PrimaryReady"]["message"].endswith(
+        f"{line} (1 Ready pod(s) of the previous template still serve)")
+    assert (rolling["Ready"]["status"], rolling["Ready"]["reason"]) == \
+        ("False", "PodsNotStarting")
+    lines = [f"iris-primary-{i}: ErrImagePull: no route" for i in range(5)]
+    fresh = by_type(build({}, primary=0, not_starting={"primary": lines}))
+    assert (fresh["PrimaryReady"]["status"], fresh["Ready"]["status"]) == ("False", "False")
+    assert fresh["Ready"]["reason"] == "PodsNotStarting"
+    assert fresh["Ready"]["message"].endswith("iris-primary-2: ErrImagePull: no route; 2 more")
+    assert not list(STATUS_VALIDATOR.iter_errors(build({}, primary=0,
+                                                       not_starting={"primary": lines})))
+    # once they start, the reason goes back
+    assert by_type(build({}, primary=1, not_starting={}))["PrimaryReady"]["reason"] == \
+        "ReplicasReady"
 
 
 def test_conflicts_and_invalid_specs_make_ready_false() -> None:
