@@ -61,6 +61,7 @@ NOT_STARTING_REASONS = frozenset({
 kubelet) that do not pass by themselves: the pod needs something a person must fix (an image,
 a config, a model that loads). ``ContainerCreating`` and ``PodInitializing`` are not here: they
 pass."""
+CRASH_LOOP = "CrashLoopBackOff"
 MESSAGE_CHARS = 300
 """Longest message kept of a waiting container."""
 
@@ -84,7 +85,9 @@ class StuckPod:
 
 def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
     """The pod as one that cannot start, or ``None``: no InferenceService or role label,
-    terminating, or no container waiting for a reason in :data:`NOT_STARTING_REASONS`."""
+    terminating, or no container waiting for a reason in :data:`NOT_STARTING_REASONS`. A crash
+    loop's message is how the container last ended (exit code and reason), which stays the same
+    from one restart to the next; the kubelet's own names a back-off that doubles each time."""
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     service, role = labels.get(LABEL_SERVICE), labels.get(LABEL_ROLE)
@@ -94,11 +97,18 @@ def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
     for container in (status.get("initContainerStatuses") or []) + (
             status.get("containerStatuses") or []):
         waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in NOT_STARTING_REASONS:
-            message = " ".join(str(waiting.get("message") or "").split())[:MESSAGE_CHARS]
-            return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
-                            str(meta.get("uid", "")), str(meta.get("name", "")),
-                            str(waiting["reason"]), message)
+        reason = waiting.get("reason")
+        if reason not in NOT_STARTING_REASONS:
+            continue
+        if reason == CRASH_LOOP:  # the kubelet's message names the back-off, which grows
+            ended = (container.get("lastState") or {}).get("terminated") or {}
+            message = (f"the container exited with code {ended.get('exitCode')} "
+                       f"({ended.get('reason') or 'no reason given'})" if ended else "")
+        else:
+            message = str(waiting.get("message") or "")
+        return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
+                        str(meta.get("uid", "")), str(meta.get("name", "")), str(reason),
+                        " ".join(message.split())[:MESSAGE_CHARS])
     return None
 
 
@@ -125,7 +135,22 @@ class PodIndex:
             with self._lock:
                 self._pods.setdefault(key, {})[target.uid] = target
                 self._where[target.uid] = key
-        return self._note_stuck(body, stuck_pod(body))
+        stuck = stuck_pod(body)
+        if stuck is None and (target is None or not target.ready):
+            stuck = self._still_crashing(body)
+        return self._note_stuck(body, stuck)
+
+    def _still_crashing(self, body: Mapping[str, Any]) -> StuckPod | None:
+        """A pod noted in a crash loop stays noted, between two back-offs, until it is Ready:
+        its container runs for a while after each restart, and saying "it started" then
+        "it cannot start" at every restart would reconcile and write each time."""
+        uid = str((body.get("metadata") or {}).get("uid", ""))
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        with self._lock:
+            key = self._stuck_where.get(uid)
+            before = self._stuck.get(key, {}).get(uid) if key is not None else None
+        return before if before is not None and before.reason == CRASH_LOOP else None
 
     def drop(self, body: Mapping[str, Any]) -> bool:
         """A pod was deleted. Returns whether what :meth:`not_starting` says of its

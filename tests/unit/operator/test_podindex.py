@@ -89,3 +89,27 @@ def test_the_index_says_when_its_pods_that_cannot_start_change() -> None:
     assert index.not_starting("team", "iris") == {}
     assert [p.name for p in index.ready("team", "iris", "fallback")] == ["f2"]
     assert list(index.not_starting("team", "digits")) == ["primary"]
+
+
+def crashing(name: str, state: dict[str, Any], *, ready: bool = False) -> dict[str, Any]:
+    body = pod(name, ready=ready)
+    body["status"]["containerStatuses"] = [{
+        "name": "runtime", "ready": ready, "restartCount": 3, "state": state,
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]
+    return body
+
+
+def test_a_crash_loop_is_noted_once_until_the_pod_is_ready() -> None:
+    index = PodIndex()
+    backoff = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting"}}
+    assert index.keep(crashing("p1", backoff)) is True
+    (stuck,) = index.not_starting("team", "iris")["primary"]
+    assert stuck.line() == "p1: CrashLoopBackOff: the container exited with code 1 (Error)"
+    longer = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting"}}
+    assert index.keep(crashing("p1", longer)) is False  # the back-off grew: nothing new
+    assert index.keep(crashing("p1", {"running": {}})) is False  # restarted, not Ready yet
+    assert index.not_starting("team", "iris")["primary"] == [stuck]
+    assert index.keep(crashing("p1", {"running": {}}, ready=True)) is True  # it serves
+    assert index.not_starting("team", "iris") == {}
+    # a container restarted once, not in a crash loop, is never noted
+    assert index.keep(crashing("p2", {"running": {}})) is False
