@@ -212,7 +212,6 @@ def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_or_a_new_mo
     assert guard["rolledBackAt"] != second
 
 
-
 ATTACKS = REPO / "tests" / "harness" / "attacks.py"
 HEALTHY = """\
 apiVersion: tailguard.dev/v1alpha1

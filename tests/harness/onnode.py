@@ -75,10 +75,11 @@ def upgrade_runtime_tag(cluster: ControlPlane, tag: str) -> None:
     every runtime Deployment to that image.
 
     Raises:
-        subprocess.CalledProcessError: helm refused, or the operator was not Ready in 180 s.
+        AssertionError: helm refused, or the operator was not Ready in 170 s (helm's
+            ``--wait``).
     """
     helm(cluster, "upgrade", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
-         "--reuse-values", "--set", f"runtime.image.tag={tag}", "--wait", "--timeout", "180s")
+         "--reuse-values", "--set", f"runtime.image.tag={tag}", "--wait", "--timeout", "170s")
 
 
 def uninstall(cluster: ControlPlane) -> None:

@@ -102,9 +102,10 @@ def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
     Reads the object and its children (from ``cache`` when given: what the watches delivered,
     the namespace seeded by a list first if it is not yet; else from the API), creates missing
     children, merge-patches what differs (see :mod:`tailguard.operator.reconcile`), writes the
-    status only if it changed (naming the runtime pods in ``pods`` that cannot start), and records Events on transitions. A missing or terminating
-    object is left alone (``Outcome()``). When :func:`reconcile_soon` asked for another pass
-    while this one ran, it runs again before returning (the last pass's outcome is returned).
+    status only if it changed (naming the runtime pods in ``pods`` that cannot start), and
+    records Events on transitions. A missing or terminating object is left alone
+    (``Outcome()``). When :func:`reconcile_soon` asked for another pass while this one ran, it
+    runs again before returning (the last pass's outcome is returned).
 
     Raises:
         kube.KubeError: the API refused a read or a write.
@@ -398,7 +399,8 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     if getattr(memo, "tailguard", None) is None:
         memo.tailguard = OperatorSettings.from_env(os.environ)
-    _known(memo)
+    # made here, before any watch delivers: handlers in several worker threads share them
+    _known(memo), _cache(memo), _pods(memo)
 
 
 def _known(memo: Any) -> KnownServices:
@@ -604,7 +606,11 @@ def pod_changed(*, type: str | None, body: kopf.Body, namespace: str | None, mem
     changed = pods.drop(body) if type == "DELETED" else pods.keep(body)
     service = (body.get("metadata", {}).get("labels") or {}).get(manifests.LABEL_SERVICE)
     if changed and namespace and service:
-        reconcile_soon(namespace, service, memo.tailguard, _cache(memo), pods)
+        try:
+            reconcile_soon(namespace, service, memo.tailguard, _cache(memo), pods)
+        except BaseException:
+            pods.forget(body)  # the pod's next event must get its pass
+            raise
 
 
 for _group, _version, _plural in _CHILDREN:

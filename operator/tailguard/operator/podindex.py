@@ -62,6 +62,10 @@ kubelet) that do not pass by themselves: the pod needs something a person must f
 a config, a model that loads). ``ContainerCreating`` and ``PodInitializing`` are not here: they
 pass."""
 CRASH_LOOP = "CrashLoopBackOff"
+SAME_TROUBLE = (frozenset({"ErrImagePull", "ImagePullBackOff"}),
+                frozenset({"RunContainerError", CRASH_LOOP}))
+"""Reasons the kubelet alternates for one trouble: a pull that fails then backs off, a
+container that fails to run then backs off."""
 MESSAGE_CHARS = 300
 """Longest message kept of a waiting container."""
 
@@ -112,6 +116,18 @@ def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
     return None
 
 
+def _uid(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("uid", ""))
+
+
+def _trouble(reason: str) -> str:
+    """The reason, or the first of its :data:`SAME_TROUBLE` group, sorted."""
+    for group in SAME_TROUBLE:
+        if reason in group:
+            return min(group)
+    return reason
+
+
 class PodIndex:
     """:class:`PodTarget` and :class:`StuckPod` by InferenceService (``namespace``, ``name``)
     and pod uid."""
@@ -126,61 +142,69 @@ class PodIndex:
     def keep(self, body: Mapping[str, Any]) -> bool:
         """A pod was listed, added or changed: index it, or drop it when it is no longer one to
         read (:func:`pod_target`); note it when it cannot start (:func:`stuck_pod`). Returns
-        whether what :meth:`not_starting` says of its InferenceService changed."""
-        target = pod_target(body)
-        if target is None:
-            self._drop_target(body)
-        else:
-            key = (target.namespace, target.service)
-            with self._lock:
-                self._pods.setdefault(key, {})[target.uid] = target
-                self._where[target.uid] = key
-        stuck = stuck_pod(body)
-        if stuck is None and (target is None or not target.ready):
-            stuck = self._still_crashing(body)
-        return self._note_stuck(body, stuck)
+        whether what :meth:`not_starting` says of its InferenceService changed.
 
-    def _still_crashing(self, body: Mapping[str, Any]) -> StuckPod | None:
-        """A pod noted in a crash loop stays noted, between two back-offs, until it is Ready:
-        its container runs for a while after each restart, and saying "it started" then
-        "it cannot start" at every restart would reconcile and write each time."""
-        uid = str((body.get("metadata") or {}).get("uid", ""))
-        if (body.get("metadata") or {}).get("deletionTimestamp"):
-            return None
+        A note stands while the reason moves within one of :data:`SAME_TROUBLE` (a pull that
+        fails, then backs off, then fails again) and, for a crash loop, until the pod is Ready
+        (its container runs for a while after each restart): saying "it started" and "it
+        cannot start" at every retry would reconcile and write each time."""
+        uid = _uid(body)
+        target, stuck = pod_target(body), stuck_pod(body)
         with self._lock:
-            key = self._stuck_where.get(uid)
-            before = self._stuck.get(key, {}).get(uid) if key is not None else None
-        return before if before is not None and before.reason == CRASH_LOOP else None
+            self._drop_target(uid)
+            if target is not None:
+                key = (target.namespace, target.service)
+                self._pods.setdefault(key, {})[uid] = target
+                self._where[uid] = key
+            before = self._stuck_note(uid)
+            if before is not None and not (body.get("metadata") or {}).get("deletionTimestamp"):
+                if stuck is None and before.reason == CRASH_LOOP and (
+                        target is None or not target.ready):
+                    stuck = before
+                elif stuck is not None and _trouble(stuck.reason) == _trouble(before.reason) \
+                        and (stuck.namespace, stuck.service) == (before.namespace,
+                                                                 before.service):
+                    stuck = before
+            return self._note_stuck(uid, stuck) != stuck
 
     def drop(self, body: Mapping[str, Any]) -> bool:
         """A pod was deleted. Returns whether what :meth:`not_starting` says of its
         InferenceService changed."""
-        self._drop_target(body)
-        return self._note_stuck(body, None)
-
-    def _drop_target(self, body: Mapping[str, Any]) -> None:
-        uid = str((body.get("metadata") or {}).get("uid", ""))
+        uid = _uid(body)
         with self._lock:
-            key = self._where.pop(uid, None)
-            if key is None:
-                return
-            pods = self._pods.get(key, {})
-            pods.pop(uid, None)
-            if not pods:
-                self._pods.pop(key, None)
+            self._drop_target(uid)
+            return self._note_stuck(uid, None) is not None
 
-    def _note_stuck(self, body: Mapping[str, Any], stuck: StuckPod | None) -> bool:
-        uid = str((body.get("metadata") or {}).get("uid", ""))
+    def forget(self, body: Mapping[str, Any]) -> None:
+        """Forget what was noted of the pod's start, so that its next event counts as a change
+        (the pass that would have reported it failed)."""
         with self._lock:
-            key = self._stuck_where.pop(uid, None)
-            before = self._stuck.get(key, {}).pop(uid, None) if key is not None else None
-            if key is not None and not self._stuck.get(key):
-                self._stuck.pop(key, None)
-            if stuck is not None:
-                where = (stuck.namespace, stuck.service)
-                self._stuck.setdefault(where, {})[uid] = stuck
-                self._stuck_where[uid] = where
-        return before != stuck
+            self._note_stuck(_uid(body), None)
+
+    def _drop_target(self, uid: str) -> None:
+        key = self._where.pop(uid, None)
+        if key is None:
+            return
+        pods = self._pods.get(key, {})
+        pods.pop(uid, None)
+        if not pods:
+            self._pods.pop(key, None)
+
+    def _stuck_note(self, uid: str) -> StuckPod | None:
+        key = self._stuck_where.get(uid)
+        return None if key is None else self._stuck.get(key, {}).get(uid)
+
+    def _note_stuck(self, uid: str, stuck: StuckPod | None) -> StuckPod | None:
+        """Set the pod's note to ``stuck`` (or none); return the note it had (lock held)."""
+        key = self._stuck_where.pop(uid, None)
+        before = self._stuck.get(key, {}).pop(uid, None) if key is not None else None
+        if key is not None and not self._stuck.get(key):
+            self._stuck.pop(key, None)
+        if stuck is not None:
+            where = (stuck.namespace, stuck.service)
+            self._stuck.setdefault(where, {})[uid] = stuck
+            self._stuck_where[uid] = where
+        return before
 
     def not_starting(self, namespace: str, service: str) -> dict[str, list[StuckPod]]:
         """The pods of one InferenceService that cannot start, by role, each list by name."""

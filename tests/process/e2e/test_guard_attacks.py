@@ -47,7 +47,8 @@ def broken(tmp_path: Path) -> Iterator[Up]:
 
 
 class TinyDeadlines(Attacker):
-    """Requests whose own deadline is shorter than the SLO (:func:`harness.attacks.tiny_deadline`)."""
+    """Requests whose own deadline is shorter than the SLO
+    (:func:`harness.attacks.tiny_deadline`)."""
 
     def __init__(self, up: Up, name: str, rate: float = 10.0) -> None:
         super().__init__(rate)
