@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from harness import REPO
+from harness.guard import busy_spec, forest_spec
 from harness.kube.client import wait_for
 from harness.onnode import RELEASE_NAMESPACE, TAILGUARD, OnNode, failures, ready_since
 from tailguard.spec import resource
@@ -213,31 +214,8 @@ def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_or_a_new_mo
 
 
 ATTACKS = REPO / "tests" / "harness" / "attacks.py"
-HEALTHY = """\
-apiVersion: tailguard.dev/v1alpha1
-kind: InferenceService
-metadata: {name: healthy}
-spec:
-  model: {uri: "builtin://iris/random-forest?trees=20"}
-  fallback: {uri: builtin://iris/logistic-regression}
-  batching: {timeoutMs: 3000}
-  slo: {p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
-  rollback: {automatic: true}
-"""
-BUSY = """\
-apiVersion: tailguard.dev/v1alpha1
-kind: InferenceService
-metadata: {name: busy}
-spec:
-  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=40"}
-  fallback: {uri: builtin://iris/logistic-regression}
-  batching: {maxBatchSize: 1, maxQueueSize: 8, timeoutMs: 2000}
-  slo: {p99LatencyMs: 200, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 20}
-  scaling: {minReplicas: 2, maxReplicas: 2, targetQueueDepth: 2}
-  rollback: {automatic: true}
-"""
-"""A primary fast for its SLO (40 ms calls against 200 ms) of small capacity: one row per call,
-about 24 requests/s a pod."""
+HEALTHY = forest_spec("healthy")
+BUSY = busy_spec(min_samples=20, scaling="minReplicas: 2, maxReplicas: 2, targetQueueDepth: 2")
 
 
 def attack(node: OnNode, name: str, kind: str, rate: float, seconds: float

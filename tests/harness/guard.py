@@ -31,6 +31,41 @@ def serving(folder: Path, name: str, spec_text: str) -> Iterator[Up]:
         assert server.stop() == 0
 
 
+def forest_spec(name: str, *, delay_ms: int = 0) -> str:
+    """An InferenceService of an iris random forest (20 trees; ``delay_ms`` added to every model
+    call, ``delayMs``) under a 150 ms p99 SLO: windows of 1 s, rolled back after 2 breached
+    ones (``minSamples`` 10), a logistic-regression fallback."""
+    delay = f"&delayMs={delay_ms}" if delay_ms else ""
+    return f"""\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  model: {{uri: "builtin://iris/random-forest?trees=20{delay}"}}
+  fallback: {{uri: builtin://iris/logistic-regression}}
+  batching: {{timeoutMs: 3000}}
+  slo: {{p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}}
+"""
+
+
+def busy_spec(*, min_samples: int = 10, scaling: str = "targetQueueDepth: 2") -> str:
+    """The InferenceService ``busy``: a primary fast for its SLO (40 ms calls against 200 ms) of
+    small capacity (one row per call: about 24 requests/s a replica, a queue of 8 rows), so
+    that a generator on a busy 2-core machine outruns it; ``scaling`` is its ``spec.scaling``
+    (flow-style YAML without the braces)."""
+    return f"""\
+apiVersion: tailguard.dev/v1alpha1
+kind: InferenceService
+metadata: {{name: busy}}
+spec:
+  model: {{uri: "builtin://iris/random-forest?trees=20&delayMs=40"}}
+  fallback: {{uri: builtin://iris/logistic-regression}}
+  batching: {{maxBatchSize: 1, maxQueueSize: 8, timeoutMs: 2000}}
+  slo: {{p99LatencyMs: 200, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: {min_samples}}}
+  scaling: {{{scaling}}}
+"""
+
+
 def stamp(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 

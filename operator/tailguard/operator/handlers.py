@@ -400,7 +400,9 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     if getattr(memo, "tailguard", None) is None:
         memo.tailguard = OperatorSettings.from_env(os.environ)
     # made here, before any watch delivers: handlers in several worker threads share them
-    _known(memo), _cache(memo), _pods(memo)
+    _known(memo)
+    _cache(memo)
+    _pods(memo)
 
 
 def _known(memo: Any) -> KnownServices:

@@ -16,31 +16,11 @@ from typing import Iterator
 
 import pytest
 
-from harness.guard import StatusPoller, load, rollbacks, serving, stamp
+from harness.guard import StatusPoller, busy_spec, forest_spec, load, rollbacks, serving, stamp
 from harness.up import ROOT, TAILGUARD, Up
 
-SLOW_PRIMARY = """\
-apiVersion: tailguard.dev/v1alpha1
-kind: InferenceService
-metadata: {name: guarded}
-spec:
-  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=300"}
-  fallback: {uri: builtin://iris/logistic-regression}
-  batching: {timeoutMs: 3000}
-  slo: {p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
-"""
-
-FAST_PRIMARY = """\
-apiVersion: tailguard.dev/v1alpha1
-kind: InferenceService
-metadata: {name: busy}
-spec:
-  model: {uri: "builtin://iris/random-forest?trees=20&delayMs=40"}
-  fallback: {uri: builtin://iris/logistic-regression}
-  batching: {maxBatchSize: 1, maxQueueSize: 8, timeoutMs: 2000}
-  slo: {p99LatencyMs: 200, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}
-  scaling: {targetQueueDepth: 2}
-"""
+SLOW_PRIMARY = forest_spec("guarded", delay_ms=300)
+FAST_PRIMARY = busy_spec()
 
 
 @pytest.fixture

@@ -18,31 +18,20 @@ import httpx
 import pytest
 
 from harness.attacks import oversized, tiny_deadline
-from harness.guard import Attacker, StatusPoller, load, rollbacks, serving, stamp
+from harness.guard import Attacker, StatusPoller, forest_spec, load, rollbacks, serving, stamp
 from harness.up import Up
-
-SPEC = """\
-apiVersion: tailguard.dev/v1alpha1
-kind: InferenceService
-metadata: {{name: {name}}}
-spec:
-  model: {{uri: "builtin://iris/random-forest?trees=20{delay}"}}
-  fallback: {{uri: builtin://iris/logistic-regression}}
-  batching: {{timeoutMs: 3000}}
-  slo: {{p99LatencyMs: 150, windowSeconds: 1, breachWindows: 2, recoverWindows: 2, minSamples: 10}}
-"""
 
 
 @pytest.fixture
 def healthy(tmp_path: Path) -> Iterator[Up]:
-    with serving(tmp_path, "healthy", SPEC.format(name="healthy", delay="")) as server:
+    with serving(tmp_path, "healthy", forest_spec("healthy")) as server:
         yield server
 
 
 @pytest.fixture
 def broken(tmp_path: Path) -> Iterator[Up]:
     # every model call beyond the 150 ms SLO
-    with serving(tmp_path, "broken", SPEC.format(name="broken", delay="&delayMs=300")) as server:
+    with serving(tmp_path, "broken", forest_spec("broken", delay_ms=300)) as server:
         yield server
 
 
