@@ -21,7 +21,10 @@ The rules (docs/guard.md, "The rules"):
   of overload: a client can ask for a request that cannot fit whenever anything is queued;
   overload is judged from the work that was admitted (its queue depth and its wait, below).
 * A window is judged on its admitted requests plus those refused for their deadline. Fewer
-  than ``minSamples`` of them: ``Unknown`` (``InsufficientData``), never a breach.
+  than ``minSamples`` of them: ``Unknown`` (``InsufficientData``), never a breach. Such a
+  window ends a streak of breached windows, unless admitted work waited through it
+  (:data:`STALLED_QUEUE_DEPTH`): then the model was stalled, not idle, and the window neither
+  counts toward a rollback nor ends the streak.
 * A window is breached when more than 1% of the judged requests missed the SLO (slower than
   ``p99LatencyMs``, counted at the histogram's exact SLO edge, or refused for their deadline),
   or when more than ``maxErrorRate`` of the admitted requests failed. When more than half of the
@@ -29,7 +32,9 @@ The rules (docs/guard.md, "The rules"):
   breach is named ``deadline``: a model too slow to answer anything, not an idle one.
 * Overload explains a breach: mean queue depth per replica (rows of admitted requests
   waiting) above ``scaling.targetQueueDepth``, unless the model is slow on half-full batches
-  (:data:`SLOW_SMALL_SHARE`), or -- for a latency or deadline breach --
+  (:data:`SLOW_SMALL_SHARE`) or its mean call took longer than the SLO itself (a request that
+  rides in such a call misses the SLO with no queue ahead of it; more replicas shorten the
+  queue, not the call), or -- for a latency or deadline breach --
   queueing: the share of the window's model calls that took
   longer than half the SLO is at most a quarter of the share of judged requests that missed
   it. A request that waits for one call and then runs in the next misses the SLO only if a call
@@ -75,6 +80,12 @@ SLO itself: every request in such a call misses the SLO with no queue ahead of i
 replicas would not change, and an overloaded model runs full batches, not half-full ones.
 Without this, a client's large admitted requests (up to ``maxQueueSize`` rows, run whenever the
 queue is empty) kept a broken primary's queue deep enough to block its rollback."""
+STALLED_QUEUE_DEPTH = 1.0
+"""A window with too few judged requests but a mean queue depth per replica of at least this
+many rows is stalled, not idle: work waited all through it and finished too little to judge
+(a slow model busy with a client's large admitted request finishes nothing for seconds).
+Without this, such windows between breached ones kept a broken primary from being rolled
+back."""
 STALE_WINDOWS = 2.0
 """A latest window that ended more than this many window lengths before ``now`` is too old to
 judge: the guard reports ``idle``/Unknown (no fresh data) instead of acting on it."""
@@ -225,6 +236,10 @@ def decide(spec: GuardSpec, history: History, now_s: float) -> Decision:
         return made(Action.NOTHING, f"traffic on the fallback by spec.traffic; fallback: "
                     f"{message}", "manual")
     if verdict.kind == "unknown":
+        held = _streak(spec, history) if verdict.stalled else 0
+        if held:
+            return made(Action.NOTHING, f"{message}; breach {held}/{spec.breach_windows} holds",
+                        "breach", held)
         return made(Action.NOTHING, message, "idle")
     if verdict.kind == "overload":
         return made(Action.OVERLOAD, message, "overload")
@@ -251,6 +266,8 @@ class _Verdict:
     message: str
     breach: str | None = None
     breached: bool = False
+    stalled: bool = False
+    """Unknown, but work waited all through the window (:data:`STALLED_QUEUE_DEPTH`)."""
 
     def condition(self) -> tuple[str, str, str]:
         """``(status, reason, message)`` of the ``SLOMet`` condition."""
@@ -269,6 +286,11 @@ def _judge(spec: GuardSpec, obs: Observation | None) -> _Verdict:
     slo = f"{spec.p99_latency_ms:g}ms"
     p99 = "-" if obs.p99_ms is None else f"{obs.p99_ms:g}ms"
     if obs.judged < spec.min_samples:
+        if obs.queue_depth >= STALLED_QUEUE_DEPTH:
+            return _Verdict("unknown", f"{obs.judged} requests finished in the last "
+                            f"{obs.window_s:g}s while {obs.queue_depth:.1f} rows/replica "
+                            f"waited, fewer than minSamples={spec.min_samples}: stalled, too "
+                            "little to judge", stalled=True)
         return _Verdict("unknown", f"{obs.judged} requests in the last {obs.window_s:g}s, fewer "
                         f"than minSamples={spec.min_samples}: too little traffic to judge")
     breach: str | None = None
@@ -301,8 +323,10 @@ def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | No
               else "shedding with 429 is the answer on one machine" if spec.max_replicas == 1
               else f"at maxReplicas={spec.max_replicas}; shedding with 429")
     if obs.queue_depth > spec.target_queue_depth:
-        if breach is not None and obs.small_calls_over_slo > SLOW_SMALL_SHARE * obs.small_calls:
-            return None  # over the SLO on half-full batches: a slow model, whatever its queue
+        if breach is not None and (
+                obs.small_calls_over_slo > SLOW_SMALL_SHARE * obs.small_calls
+                or (obs.model_ms is not None and obs.model_ms > spec.p99_latency_ms)):
+            return None  # over the SLO on half-full batches, or on the mean call: a slow model
         return (f"queue {obs.queue_depth:.1f} rows/replica > targetQueueDepth "
                 f"{spec.target_queue_depth:g}, {answer}")
     if (breach in ("latency", "deadline") and obs.calls
@@ -314,13 +338,19 @@ def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | No
 
 
 def _streak(spec: GuardSpec, history: History) -> int:
-    """Consecutive breached primary windows at the end of the history (overload, unknown and
-    met windows, fallback windows and windows before the last re-arm all end the streak)."""
+    """Consecutive breached primary windows at the end of the history (overload, idle and met
+    windows, fallback windows and windows before the last re-arm all end the streak; stalled
+    windows are passed over), at most ``breach_windows``."""
     count = 0
     for obs in reversed(history.windows):
+        if count == spec.breach_windows:
+            break
         if obs.role != "primary" or (history.armed_s is not None and obs.end_s <= history.armed_s):
             break
-        if _judge(spec, obs).kind != "breach":
+        verdict = _judge(spec, obs)
+        if verdict.stalled:
+            continue
+        if verdict.kind != "breach":
             break
         count += 1
     return count
@@ -331,9 +361,10 @@ def _rolled_back(spec: GuardSpec, history: History) -> bool:
 
 
 def remember(spec: GuardSpec, history: History, window: Observation) -> History:
-    """``history`` with ``window`` appended, keeping the last ``breach_windows`` windows (all
-    :func:`decide` reads)."""
-    keep = max(spec.breach_windows, 1)
+    """``history`` with ``window`` appended, keeping the last ``2 x breach_windows`` windows
+    (what :func:`decide` reads: a streak with stalled windows in it; a longer stall hides the
+    breaches before it, so the guard errs toward no rollback)."""
+    keep = 2 * max(spec.breach_windows, 1)
     return History((*history.windows, window)[-keep:], history.rollback, history.last_action_s,
                    history.armed_s)
 

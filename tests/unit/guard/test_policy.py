@@ -106,6 +106,28 @@ def test_idle_windows_between_breaches_end_the_streak() -> None:
     assert Action.ROLL_BACK not in run.actions
 
 
+def test_stalled_windows_between_breaches_neither_count_nor_end_the_streak() -> None:
+    """A slow primary busy with a client's large admitted request finishes nothing for a
+    window or two while its queue stays deep: that is not idleness, and must not save it."""
+    run = Script()
+    run.step(**SLOW)
+    stalled = run.step(admitted=2, queue_depth=40.0)
+    assert stalled.action is Action.NOTHING and stalled.label == "breach 1/3", stalled.reason
+    assert (stalled.slo_status, stalled.slo_reason) == ("Unknown", "InsufficientData")
+    assert "stalled" in stalled.reason and "40.0 rows/replica waited" in stalled.reason
+    run.step(admitted=0, queue_depth=40.0)
+    assert run.step(**SLOW).label == "breach 2/3"
+    assert run.step(**SLOW).action is Action.ROLL_BACK
+
+
+def test_a_stall_with_no_breach_before_it_is_unknown_and_no_breach() -> None:
+    run = Script()
+    run.step(**GOOD)
+    d = run.step(admitted=1, queue_depth=12.0)
+    assert d.action is Action.NOTHING and d.state == "idle" and "stalled" in d.reason
+    assert [x.label for x in run.steps(2, **SLOW)] == ["breach 1/3", "breach 2/3"]
+
+
 @pytest.mark.parametrize("max_replicas, replicas, wording", [
     (5, 2, "scaling's job"), (1, 1, "shedding with 429 is the answer on one machine"),
     (5, 5, "at maxReplicas=5")])
@@ -312,3 +334,8 @@ def test_a_deep_queue_does_not_excuse_a_model_slow_on_half_full_batches() -> Non
     full = Script().steps(10, admitted=4000, slow=3000, queue_depth=60.0, calls=200,
                           slow_calls=200, model_ms=30.0)
     assert all(d.action is Action.OVERLOAD for d in full)
+    # no half-full batches, but the mean call alone takes longer than the SLO: no queue
+    # explains that (a client's large requests keep a broken primary's batches full)
+    stuck = Script().steps(3, admitted=120, slow=120, queue_depth=90.0, calls=10,
+                           slow_calls=10, model_ms=300.0)
+    assert [d.label for d in stuck] == ["breach 1/3", "breach 2/3", "rolled back"]
