@@ -104,19 +104,31 @@ def scene(cluster: ControlPlane, admin: Client, installed: Installation, namespa
                  logs=tmp_path / "operator.log", start=audit.mark())
 
 
-@pytest.fixture(scope="module")
-def node(cluster: ControlPlane, admin: Client, installed: Installation,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnNode]:
-    """The module's namespace, watched by the operator pod on the real node."""
+@pytest.fixture(scope="session")
+def node_namespace(cluster: ControlPlane, admin: Client, installed: Installation
+                   ) -> Iterator[str]:
+    """The chart installed for the real node, once a session (its operator pod on the real
+    node, started and Ready, takes most of a minute on a busy machine): the namespace its
+    operator watches, which the modules using :func:`node` share in turn."""
     namespace = f"node-{uuid.uuid4().hex[:6]}"
     admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     wait_for(lambda: admin.get("serviceaccounts", namespace, "default"),
              what=f"the default ServiceAccount in {namespace}")
     installed_on_node(cluster, admin, namespace, node_images())
-    scene = OnNode(cluster, admin, namespace, tmp_path_factory.mktemp("node"))
+    try:
+        yield namespace
+    finally:
+        uninstall(cluster)
+        admin.delete("namespaces", None, namespace)
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ControlPlane, admin: Client, node_namespace: str,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnNode]:
+    """The real node's namespace for one module; its InferenceServices (and so their pods)
+    are gone when the module ends."""
+    scene = OnNode(cluster, admin, node_namespace, tmp_path_factory.mktemp("node"))
     try:
         yield scene
     finally:
         scene.delete_all()
-        uninstall(cluster)
-        admin.delete("namespaces", None, namespace)

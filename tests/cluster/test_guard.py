@@ -15,14 +15,14 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 from harness import REPO
 from harness.guard import busy_spec, forest_spec
 from harness.kube.client import wait_for
-from harness.onnode import RELEASE_NAMESPACE, TAILGUARD, OnNode, failures, ready_since
+from harness.onnode import RELEASE_NAMESPACE, TAILGUARD, Load, OnNode, failures, ready_since
 from tailguard.spec import resource
 
 pytestmark = pytest.mark.cluster
@@ -53,16 +53,23 @@ def slow_digits(node: OnNode, primaries: int = 2) -> None:
     node.wait_serving(SLOW)
 
 
-def watch(node: OnNode, proc: subprocess.Popen[bytes], name: str = SLOW
+def watch(node: OnNode, load: Load, name: str = SLOW,
+          until: Callable[[dict[str, Any]], bool] | None = None, linger_s: float = 5.0
           ) -> list[dict[str, Any]]:
     """Poll the InferenceService ``name``'s status, its Service and its Ready fallback pods
-    every 0.25 s until ``proc`` ends; one sample per poll."""
-    samples = []
-    while proc.poll() is None:
+    every 0.25 s until ``load`` ends; one sample per poll. With ``until``: end the load
+    (:meth:`Load.interrupt`) ``linger_s`` seconds after the first sample it accepts."""
+    samples: list[dict[str, Any]] = []
+    end_at = None
+    while load.proc.poll() is None:
         isvc = node.get(resource.PLURAL, name) or {}
         samples.append({"t": time.time(), "status": isvc.get("status") or {},
                         "selected": node.selected_role(name),
                         "fallbacks": len(node.ready_pods(name, "fallback"))})
+        if end_at is None and until is not None and until(samples[-1]):
+            end_at = time.time() + linger_s
+        if end_at is not None and time.time() >= end_at:
+            load.interrupt()
         time.sleep(0.25)
     return samples
 
@@ -84,8 +91,8 @@ def test_a_slow_primary_is_rolled_back_by_the_operator_under_load(node: OnNode) 
     QUEUE throughout; the guard never writes ``spec.traffic``."""
     slow_digits(node)
     before = rollbacks_counted(node)
-    load = node.load(SLOW, rate=40, seconds=30, label="guard-rollback")
-    samples = watch(node, load.proc)
+    load = node.load(SLOW, rate=40, seconds=60, label="guard-rollback")
+    samples = watch(node, load, until=lambda s: s["selected"] == "fallback")
     records = load.finish()
     isvc = node.get(resource.PLURAL, SLOW)
     assert isvc is not None
@@ -157,7 +164,7 @@ def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_or_a_new_mo
     rolled_at = rolled_back(node)
     events = len(node.events(SLOW, "AutomaticRollback"))
     restart_operator(node)
-    records = node.load(SLOW, rate=20, seconds=12, label="guard-restart").finish()
+    records = node.load(SLOW, rate=20, seconds=8, label="guard-restart").finish()
     assert failures(records) == [] and {r["role"] for r in records} == {"fallback"}
     assert rolled_back(node) == rolled_at
     assert len(node.events(SLOW, "AutomaticRollback")) == events
@@ -179,7 +186,7 @@ def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_or_a_new_mo
     wait_for(lambda: len(node.pods(SLOW, "fallback")) == 1, timeout=60,
              what="one fallback pod")
 
-    load = node.load(SLOW, rate=40, seconds=30, label="guard-rearmed")
+    load = node.load(SLOW, rate=40, seconds=60, label="guard-rearmed")
     killed_while_waiting, second = None, None
     while load.proc.poll() is None and killed_while_waiting is None:
         second = rolled_back(node)
@@ -187,7 +194,7 @@ def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_or_a_new_mo
             killed_while_waiting = node.selected_role(SLOW) == "primary"
             restart_operator(node, force=True)
         time.sleep(0.1)
-    records = load.finish()
+    records = load.stop(at=time.time() + 3)
     assert second is not None, "the re-armed guard did not roll back"
     assert failures(records) == []
     wait_for(lambda: node.selected_role(SLOW) == "fallback", timeout=60,
@@ -204,10 +211,11 @@ def test_a_restarted_operator_keeps_the_rollback_and_rolling_forward_or_a_new_mo
     wait_for(lambda: node.selected_role(SLOW) == "primary", timeout=120,
              what="traffic on the new primary")
     node.wait_serving(SLOW)
-    records = node.load(SLOW, rate=40, seconds=20, label="guard-new-primary").finish()
-    assert failures(records) == []
+    load = node.load(SLOW, rate=40, seconds=60, label="guard-new-primary")
     wait_for(lambda: node.selected_role(SLOW) == "fallback", timeout=60,
              what="the new primary rolled back")
+    records = load.stop(at=time.time() + 2)
+    assert failures(records) == []
     guard = (node.get(resource.PLURAL, SLOW) or {})["status"]["guard"]
     assert guard["rolledBackModel"].startswith(slower), guard
     assert guard["rolledBackAt"] != second
@@ -277,10 +285,10 @@ def test_idle_overload_and_hostile_clients_never_roll_back(node: OnNode) -> None
 
     # busy idles while healthy's clients attack it
     before = rollbacks_counted(node, "healthy")
-    attackers = [attack(node, "healthy", "deadlines", 10, 15),
-                 attack(node, "healthy", "oversized", 2, 15)]
-    load = node.load("healthy", rate=40, seconds=15, label="guard-attacked")
-    samples = watch(node, load.proc, "healthy")
+    attackers = [attack(node, "healthy", "deadlines", 10, 12),
+                 attack(node, "healthy", "oversized", 2, 12)]
+    load = node.load("healthy", rate=40, seconds=12, label="guard-attacked")
+    samples = watch(node, load, "healthy")
     records = load.finish()
     deadlines, oversized = (answered(proc) for proc in attackers)
     busy = node.get(resource.PLURAL, "busy") or {}
@@ -308,7 +316,7 @@ def test_idle_overload_and_hostile_clients_never_roll_back(node: OnNode) -> None
                                         ("room", 4, "scaling's job")):
         node.patch("busy", {"scaling": {"maxReplicas": max_replicas}})
         load = node.load("busy", rate=100, seconds=10, label=f"guard-overload-{phase}")
-        samples = watch(node, load.proc, "busy")
+        samples = watch(node, load, "busy")
         records = load.finish()
         assert sum(r["status"] == 429 for r in records) > 0, "no overload"
         overloaded = [s["status"]["guard"] for s in samples

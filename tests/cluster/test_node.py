@@ -98,14 +98,14 @@ def test_manual_rollback_under_load_moves_traffic_once_the_fallback_is_ready(
     and every request is answered 200."""
     iris(node, primaries=2)
     assert len(node.ready_pods("iris", "fallback")) == 1
-    load = node.load("iris", rate=40, seconds=30, label="rollback")
+    load = node.load("iris", rate=40, seconds=60, label="rollback")
     time.sleep(6)
     node.patch("iris", {"traffic": "fallback"})
     wait_for(lambda: node.selected_role("iris") == "fallback", timeout=90,
              what="the Service to select the fallback")
     switched = time.time()
     fallback = node.ready_pods("iris", "fallback")
-    records = load.finish()
+    records = load.stop(at=switched + 16)  # the kept-alive clients move within seconds
 
     assert failures(records) == []
     assert len(fallback) == 2, "the Service moved before two fallback pods were Ready"
@@ -133,7 +133,7 @@ def test_a_new_primary_model_rolls_out_under_load_without_a_failed_request(
     new_uri = "builtin://iris/random-forest?trees=50"
     assert new_uri != old_uri
     old = _template_checksum(node)
-    load = node.load("iris", rate=40, seconds=30, label="rollout")
+    load = node.load("iris", rate=40, seconds=60, label="rollout")
     time.sleep(5)
     node.patch("iris", {"model": {"uri": new_uri}})
     new = wait_for(lambda: _template_checksum(node) != old and _template_checksum(node),
@@ -141,7 +141,7 @@ def test_a_new_primary_model_rolls_out_under_load_without_a_failed_request(
     wait_for(lambda: [p for p in node.ready_pods("iris", "primary") if _checksum(p) == new],
              timeout=120, what="a Ready pod of the new model")
     new_pods = [p for p in node.ready_pods("iris", "primary") if _checksum(p) == new]
-    records = load.finish()
+    records = load.stop(at=time.time() + 6)
 
     assert failures(records) == []
     models = [(r["sent"], r["model"]) for r in records]
@@ -164,7 +164,7 @@ def test_a_rollout_whose_pods_cannot_start_keeps_traffic_and_says_why(node: OnNo
     try:
         wait_for(lambda: node.condition("iris", "PrimaryReady").get("reason")
                  == "PodsNotStarting", timeout=120, what="PrimaryReady to say PodsNotStarting")
-        records = node.load("iris", rate=20, seconds=10, label="stuck-rollout").finish()
+        records = node.load("iris", rate=20, seconds=6, label="stuck-rollout").finish()
         condition = node.condition("iris", "PrimaryReady")
         stuck = [p["metadata"]["name"] for p in node.pods("iris", "primary")
                  if p["metadata"]["name"] not in serving]
@@ -192,7 +192,7 @@ def test_deleted_and_scaled_in_pods_lose_no_admitted_request(node: OnNode) -> No
     """Under load, one of two primary pods is deleted (preStop, then drain), and then the
     primary is scaled in to one pod, as its HPA would: every request is answered 200."""
     iris(node, primaries=2)
-    load = node.load("iris", rate=40, seconds=30, label="scale-in")
+    load = node.load("iris", rate=40, seconds=60, label="scale-in")
     time.sleep(5)
     victim = node.ready_pods("iris", "primary")[0]["metadata"]["name"]
     node.admin.delete("pods", node.namespace, victim)
@@ -203,9 +203,9 @@ def test_deleted_and_scaled_in_pods_lose_no_admitted_request(node: OnNode) -> No
                          "--replicas=1")
     wait_for(lambda: len(node.pods("iris", "primary")) == 1, timeout=60,
              what="the primary scaled in to one pod")
-    records = load.finish()
+    records = load.stop(at=time.time() + 3)
     assert failures(records) == []
-    assert len(records) > 500
+    assert len(records) > 200  # 40/s through the deletion and the scale-in
 
 
 def test_a_killed_runtime_container_is_restarted_and_the_other_pod_keeps_serving(
@@ -217,7 +217,7 @@ def test_a_killed_runtime_container_is_restarted_and_the_other_pod_keeps_serving
     pod = node.ready_pods("iris", "primary")[0]
     name = pod["metadata"]["name"]
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("//")[1]
-    load = node.load("iris", rate=40, seconds=30, label="kill")
+    load = node.load("iris", rate=40, seconds=60, label="kill")
     time.sleep(5)
     killed = time.time()
     assert node.cluster.node is not None
@@ -227,7 +227,7 @@ def test_a_killed_runtime_container_is_restarted_and_the_other_pod_keeps_serving
     wait_for(lambda: is_ready(node.get("pods", name) or {}), timeout=90,
              what="the restarted container to be Ready again")
     back = time.time()
-    records = load.finish()
+    records = load.stop(at=back + 3)
     restarted = node.get("pods", name)
     assert restarted and restarted["status"]["containerStatuses"][0]["restartCount"] == 1
     lost = failures(records)

@@ -10,6 +10,7 @@ namespace and runs the project's load generator (``tailguard bench``) inside the
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -250,15 +251,33 @@ class Load:
     records_path: Path
     out: Path
     started: float
+    interrupted: bool = False
+
+    def interrupt(self) -> None:
+        """End the run now as Ctrl-C does (SIGINT): ``tailguard bench`` ends its measured
+        window there, waits for the answers in flight and writes its records. Call it after
+        the warm-up (1 s after the bench process started); nothing once the run has ended, or
+        a second time."""
+        if self.proc.poll() is None and not self.interrupted:  # a second one stops at once
+            self.proc.send_signal(signal.SIGINT)
+            self.interrupted = True
+
+    def stop(self, at: float, timeout: float = 120) -> list[dict[str, Any]]:
+        """:meth:`interrupt` at the Unix time ``at`` (at once when it has passed), then
+        :meth:`finish`: a test ends the load once it has seen what it needs."""
+        time.sleep(max(0.0, at - time.time()))
+        self.interrupt()
+        return self.finish(timeout)
 
     def finish(self, timeout: float = 120) -> list[dict[str, Any]]:
         """Wait for the run; its records (one dict per request of the measured window).
 
         Raises:
-            AssertionError: the bench failed.
+            AssertionError: the bench failed (exit 130 is its answer to :meth:`interrupt`).
         """
         _, err = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, (
+        expected = (0, 130) if self.interrupted else (0,)  # 0: it ended on its own first
+        assert self.proc.returncode in expected, (
             f"tailguard bench exited {self.proc.returncode}: {err.decode()[-2000:]}")
         return [json.loads(line) for line in self.records_path.read_text().splitlines()
                 if line.strip()]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import resource
+import signal
 import socket
 import time
 from array import array
@@ -165,6 +166,8 @@ class _Run:
         self.opened = 0
         self.backlog: deque[tuple[int, float]] = deque()  # (index, scheduled time)
         self.issued = 0
+        self.last_start = float("-inf")
+        self.interrupted = False
         self.stopping = False
         self.done = asyncio.Event()
         # the window's records
@@ -261,9 +264,19 @@ class _Run:
     def _may_issue(self) -> bool:
         return self.issued < self.bounds.max_requests and time.perf_counter() < self.win_end
 
+    def interrupt(self) -> None:
+        """SIGINT (Ctrl-C): end the measured window now, after every request already issued
+        (open loop issues up to ``ISSUE_AHEAD_S`` early); a second SIGINT is Python's own."""
+        self.loop.remove_signal_handler(signal.SIGINT)
+        self.interrupted = True
+        now = time.perf_counter()
+        if now >= self.win_start:
+            self.win_end = min(self.win_end, max(now, self.last_start + 1e-6))
+
     def issue(self, start: float) -> tuple[int, float]:
         i = self.issued
         self.issued += 1
+        self.last_start = start
         if self.win_start <= start < self.win_end:
             self.sent += 1
         return i, start
@@ -315,7 +328,8 @@ def _cpu_s() -> float:
 
 async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
                    on_progress: Callable[[Progress], None] | None = None,
-                   allow_host: str | None = None, record: bool = False) -> LoadResult:
+                   allow_host: str | None = None, record: bool = False,
+                   interruptible: bool = False) -> LoadResult:
     """Drive ``target`` with ``schedule`` inside ``bounds``; return what the window measured.
 
     Open loop sends the arrivals of :func:`~tailguard.bench.plan.arrival_offsets` over warm-up + window;
@@ -325,26 +339,36 @@ async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
     end and their difference is ``result.server`` (see :func:`~tailguard.bench.promview.server_view`).
     ``on_progress`` is called every :data:`TICK_S` seconds. The host must be loopback unless it
     equals ``allow_host``. With ``record``, ``result.records`` lists every request of the window
-    (see :class:`~tailguard.bench.plan.LoadResult`).
+    (see :class:`~tailguard.bench.plan.LoadResult`). With ``interruptible`` (the main thread
+    only), the first SIGINT (Ctrl-C) after the warm-up ends the measured window there: no
+    request is scheduled after it, those in flight are awaited as at a normal end, and the
+    result says ``interrupted``; a SIGINT during the warm-up, or a second one, raises
+    KeyboardInterrupt as usual.
 
     Raises:
         ValueError: a non-loopback host not named by ``allow_host``, or bad bounds.
         OSError: the target refuses the first connection.
+        KeyboardInterrupt: see ``interruptible``.
     """
     if target.host not in LOOPBACK and target.host != allow_host:
         raise ValueError(f"refusing to load {target.host}: only loopback unless the host is "
                          "named explicitly")
     gc.freeze()  # what exists now is never scanned again: shorter collector pauses mid-run
     try:
-        return await _drive(target, schedule, bounds, on_progress, record)
+        return await _drive(target, schedule, bounds, on_progress, record, interruptible)
     finally:
+        if interruptible:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
         gc.unfreeze()
 
 
 async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
-                 on_progress: Callable[[Progress], None] | None, record: bool) -> LoadResult:
+                 on_progress: Callable[[Progress], None] | None, record: bool,
+                 interruptible: bool) -> LoadResult:
     run = _Run(target, schedule, bounds, record)
     loop = run.loop
+    if interruptible:
+        loop.add_signal_handler(signal.SIGINT, run.interrupt)
     probe = _Conn(run)  # fail fast, before any timing, when nothing listens
     transport, _ = await loop.create_connection(lambda: probe, target.host, target.port)
     run.idle.append(probe)
@@ -370,6 +394,8 @@ async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
             phase, cpu0, measured_from = "measure", _cpu_s(), time.perf_counter()
             if target.metrics_path:
                 before = await scrape(target.host, target.port, target.metrics_path)
+        if run.interrupted and phase == "warmup":
+            raise KeyboardInterrupt  # nothing measured yet
         if phase == "measure" and (now >= run.win_end or run.issued >= bounds.max_requests):
             break
         if on_progress:
@@ -394,7 +420,9 @@ async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
     run.abort_all()
     transport.close()
     await asyncio.sleep(0)
-    return _result(run, schedule, window_s, cpu, before, after)
+    result = _result(run, schedule, window_s, cpu, before, after)
+    result.interrupted = run.interrupted
+    return result
 
 
 def _start_ticks(run: _Run, at: list[float]) -> None:
@@ -407,7 +435,7 @@ def _start_ticks(run: _Run, at: list[float]) -> None:
         horizon = now + ISSUE_AHEAD_S
         k = state["next"]
         cap = run.bounds.max_requests
-        while k < n and at[k] <= horizon and run.issued < cap:
+        while k < n and at[k] <= horizon and at[k] < run.win_end and run.issued < cap:
             start = at[k]
             k += 1
             if run.win_start <= start < run.win_end:

@@ -187,7 +187,8 @@ class LoadResult:
     window in scheduled order: ``scheduled``, ``sent`` (latency start) and ``done`` in Unix
     seconds, ``status`` (0 for a transport error, then ``error`` names it), ``role`` and
     ``model`` (the ``X-Tailguard-Role`` and ``X-Tailguard-Model`` answer headers, None when
-    absent). :meth:`as_dict` leaves both out.
+    absent). :meth:`as_dict` leaves both out. ``interrupted``: Ctrl-C ended the window early
+    (``window_s`` is what ran).
     """
 
     mode: str
@@ -209,6 +210,7 @@ class LoadResult:
     invalid: list[str] = field(default_factory=list)
     latencies_s: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     records: list[dict[str, Any]] | None = field(default=None, repr=False)
+    interrupted: bool = False
 
     @property
     def achieved_rps(self) -> float:
@@ -296,12 +298,22 @@ class SweepVerdict:
     reason: str
 
 
-def sweep_verdict(rates: Sequence[float], outcomes: Sequence[str]) -> SweepVerdict:
+def sweep_verdict(rates: Sequence[float], outcomes: Sequence[str], *,
+                  interrupted_at: float | None = None) -> SweepVerdict:
     """Judge a sweep from the rates run so far, in order, and their :func:`outcome`.
 
     The sweep stops at the first rate that did not hold (it broke the SLO, or the run was
     invalid, which says nothing about the server), so the rate at SLO is the one before it.
+    ``interrupted_at``: the rate whose run Ctrl-C cut short (after ``rates``); it is not judged.
     """
+    if interrupted_at is not None:
+        held = sweep_verdict(rates, outcomes)
+        if held.stopped_at is None:
+            why = f"interrupted at {interrupted_at:g} req/s"
+            if held.rate_at_slo is not None:
+                why += f"; {held.rate_at_slo:g} req/s was the last rate that held"
+            return SweepVerdict(held.rate_at_slo, interrupted_at, why)
+        return held
     last_ok: float | None = None
     for rate, result in zip(rates, outcomes):
         if result != "held":

@@ -10,7 +10,10 @@ Exit codes: 0 a conclusive run; 1 refused (no server, bad metadata, no rows, a s
 models do not load); 2 bad arguments, or a spec that cannot be read or is invalid; 3 the run finished but the generator itself limited it (marked
 invalid) and, with an SLO, missed it (a run within the SLO is conclusive whatever the
 generator did: latency counts from the scheduled time, so a late generator only makes it
-longer); 130 on Ctrl-C.
+longer); 130 on Ctrl-C. Ctrl-C after the warm-up ends the measured window there, as ``hey``
+and ``vegeta`` do: what was measured is reported (and its records written), marked
+interrupted, then the exit code is 130; a second Ctrl-C, or one during the warm-up, stops at
+once.
 """
 
 from __future__ import annotations
@@ -176,15 +179,23 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
                 result = run_sync(run_load(gen_target, schedule, bounds,
                                            on_progress=show.start(label),
                                            allow_host=args.allow_host,
-                                           record=args.records is not None))
+                                           record=args.records is not None,
+                                           interruptible=True))
             except OSError as exc:
                 raise BenchRefused(f"cannot connect to {target.base}: {exc.strerror or exc}")
             results.append(result)
+            if result.interrupted:
+                break
             if slo_ms is not None:
                 outcomes.append(outcome(result, slo_ms))
                 if len(schedules) > 1 and outcomes[-1] != "held":
                     break
-    sweep = sweep_verdict(rates[:len(outcomes)], outcomes) if rates and len(rates) > 1 else None
+    interrupted = results[-1].interrupted  # judged on its own, never part of a sweep's verdict
+    sweep = (sweep_verdict(rates[:len(outcomes)], outcomes,
+                           interrupted_at=rates[len(outcomes)] if interrupted else None)
+             if rates and len(rates) > 1 else None)
+    if interrupted and slo_ms is not None:
+        outcomes.append(outcome(results[-1], slo_ms))
     report: dict[str, Any] = {
         "target": target.base + target.model_path, "rows": source,
         "rowsPerRequest": args.rows_per_request, "sloMs": slo_ms,
@@ -194,13 +205,18 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
                                              "stoppedAt": sweep.stopped_at,
                                              "reason": sweep.reason},
         "valid": all(r.valid or (k < len(outcomes) and outcomes[k] == "held")
-                     for k, r in enumerate(results))}
+                     for k, r in enumerate(results)),
+        "interrupted": interrupted}
     if args.records:
         _write_records(Path(args.records), results)
     if args.json:
         print(json.dumps(report))
     else:
         view.print_report(report)
+    if interrupted:
+        print(f"tailguard bench: interrupted after {results[-1].window_s:g}s of the measured "
+              "window; the report covers what ran", file=sys.stderr)
+        return 130
     return 0 if report["valid"] else 3
 
 

@@ -62,9 +62,9 @@ def _load(run: dict[str, Any]) -> str:
 
 
 def _verdict(run: dict[str, Any]) -> str:
-    if not run["valid"]:
-        return "INVALID"
-    return {"held": "held SLO", "broke": "broke SLO"}.get(run.get("slo", ""), "valid")
+    text = ("INVALID" if not run["valid"]
+            else {"held": "held SLO", "broke": "broke SLO"}.get(run.get("slo", ""), "valid"))
+    return f"{text}, interrupted" if run.get("interrupted") else text
 
 
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:

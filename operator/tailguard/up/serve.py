@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import signal
 import sys
+import threading
 import time
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO, TypeVar
 
 from tailguard.guard.local import LocalGuard
 from tailguard.spec.resource import InferenceService, read_file
@@ -33,6 +36,8 @@ from tailguard_runtime.server import (
     serve,
 )
 from tailguard_runtime.service import Runtime, load_runtime
+
+T = TypeVar("T")
 
 CLUSTER_ONLY = {
     "scaling.minReplicas": "autoscaling needs a cluster; tailguard up runs one process",
@@ -130,7 +135,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
         return 1
     limit_threads()
     secret = new_secret()
-    runtime = _load(isvc, out, secret, allowed_origins)
+    runtime = load_or_exit(lambda: _load(isvc, out, secret, allowed_origins))
     if runtime is None:
         sock.close()
         return 1
@@ -171,6 +176,54 @@ def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
         return f"{prefix}: {path} is not a valid InferenceService: {exc.errors[0]}"
     return "\n".join([f"{prefix}: {path} is not a valid InferenceService "
                       f"({len(exc.errors)} problems):", *(f"  {line}" for line in exc.errors)])
+
+
+def load_or_exit(load: Callable[[], T]) -> T:
+    """``load()`` (a model load: unpickling or training, arbitrary code that cannot be stopped
+    safely) run in a daemon thread while the main thread waits, so that Ctrl-C lands at one
+    known point. Returns what ``load`` returns and raises what it raises.
+
+    Ctrl-C while it runs prints ``tailguard up: interrupted`` and ends the process at once
+    with 130, as every command does on Ctrl-C (``os._exit``, after flushing stdout and
+    stderr), without waiting for the load. Found by trying: a KeyboardInterrupt raised inside
+    the load (an import, the unpickler) sometimes ended the process killed by SIGINT instead
+    of with 130, and the interpreter's own shutdown could wait on a lock the loading thread
+    holds.
+    """
+    outcome: list[Any] = []
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C is answered from the first line to the last, even when SIGINT came ignored or
+    # blocked from the parent (a script's background job): serving, uvicorn installs its own
+    # handler all the same. Found by trying: started with SIGINT ignored, Ctrl-C during a load
+    # that could not finish was never answered.
+    previous = signal.signal(signal.SIGINT, interrupted)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    def work() -> None:
+        try:
+            outcome.append((True, load()))
+        except BaseException as exc:  # handed to the main thread, raised there
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=work, name="tailguard-load", daemon=True)
+    try:
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.1)
+    except KeyboardInterrupt:
+        print("tailguard up: interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def _load(isvc: InferenceService, out: TextIO, secret: str,

@@ -13,8 +13,10 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -219,6 +221,37 @@ def test_a_rate_sweep_stops_at_the_first_rate_that_breaks_the_slo(null_server: N
                                "120 req/s broke the SLO; 70 req/s was the last rate that held"}
     for run in report["runs"]:
         assert accounted(run) == run["sent"] and ordered(run["latency_ms"])
+
+
+@pytest.mark.parametrize("null_server", [("--delay-ms", "50",)], indirect=True)
+def test_ctrl_c_ends_the_window_and_reports_what_ran(null_server: NullServer,
+                                                     tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) in the measured window of a 60 s sweep ends it there, as hey and vegeta
+    do: the requests in flight are answered, the report and records cover what ran, marked
+    interrupted, no later rate runs, and the exit code is 130."""
+    records = tmp_path / "records.jsonl"
+    proc = subprocess.Popen([*TAILGUARD, "bench", null_server.url, "--rate", "40:80:40",
+                             "--slo-ms", "1000", "--duration", "60", "--warmup", "0.5",
+                             "--records", str(records), "--json", *ROOM],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with proc:
+        time.sleep(3.0)  # the interpreter's start, the metadata read, the warm-up, then load
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "tailguard bench: interrupted after" in err
+    report = json.loads(out)
+    assert report["interrupted"] is True
+    assert report["sweep"] == {"rateAtSlo": None, "stoppedAt": 40,
+                               "reason": "interrupted at 40 req/s"}
+    [run] = report["runs"]  # 80 req/s never ran
+    assert run["interrupted"] is True and run["offered_rps"] == 40
+    assert 0 < run["window_s"] < 30, run["window_s"]
+    assert run["sent"] > 0 and accounted(run) == run["sent"]
+    # answers of 50 ms in flight at the interrupt were awaited, not cut off
+    assert run["ok"] == run["sent"], run
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len(lines) == run["sent"] and {line["status"] for line in lines} == {200}
 
 
 def test_a_run_the_generator_cannot_offer_is_marked_invalid(null_server: NullServer) -> None:

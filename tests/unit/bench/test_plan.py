@@ -108,6 +108,14 @@ def test_a_sweep_reports_the_last_rate_that_held_before_the_first_that_did_not()
     assert (v.rate_at_slo, v.stopped_at) == (100, 200) and "invalid run" in v.reason
 
 
+def test_an_interrupted_sweep_stops_where_ctrl_c_came_and_never_judges_that_rate() -> None:
+    v = sweep_verdict([100, 200], ["held", "held"], interrupted_at=300)
+    assert (v.rate_at_slo, v.stopped_at) == (200, 300)
+    assert v.reason == "interrupted at 300 req/s; 200 req/s was the last rate that held"
+    v = sweep_verdict([], [], interrupted_at=100)
+    assert (v.rate_at_slo, v.stopped_at, v.reason) == (None, 100, "interrupted at 100 req/s")
+
+
 def test_bounds_refuse_nonsense_naming_the_field() -> None:
     with pytest.raises(ValueError, match="^duration_s must be > 0, got 0$"):
         Bounds(duration_s=0)
