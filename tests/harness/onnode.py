@@ -255,9 +255,10 @@ class Load:
 
     def interrupt(self) -> None:
         """End the run now as Ctrl-C does (SIGINT): ``tailguard bench`` ends its measured
-        window there, waits for the answers in flight and writes its records. Call it after
-        the warm-up (1 s after the bench process started); nothing once the run has ended, or
-        a second time."""
+        window there, waits for the answers in flight and writes its records. Call it once
+        the measured window runs (after the process's start, the metadata read and the 1 s
+        warm-up: the tests wait for a change under load first); nothing once the run has
+        ended, or a second time."""
         if self.proc.poll() is None and not self.interrupted:  # a second one stops at once
             self.proc.send_signal(signal.SIGINT)
             self.interrupted = True
@@ -279,6 +280,9 @@ class Load:
         expected = (0, 130) if self.interrupted else (0,)  # 0: it ended on its own first
         assert self.proc.returncode in expected, (
             f"tailguard bench exited {self.proc.returncode}: {err.decode()[-2000:]}")
+        assert self.records_path.exists(), (
+            f"tailguard bench wrote no records (interrupted in its warm-up?): "
+            f"{err.decode()[-2000:]}")
         return [json.loads(line) for line in self.records_path.read_text().splitlines()
                 if line.strip()]
 

@@ -167,7 +167,8 @@ class _Run:
         self.backlog: deque[tuple[int, float]] = deque()  # (index, scheduled time)
         self.issued = 0
         self.last_start = float("-inf")
-        self.interrupted = False
+        self.interrupted = False  # the window was cut short by SIGINT
+        self.interrupted_early = False  # SIGINT in the warm-up: nothing to report
         self.stopping = False
         self.done = asyncio.Event()
         # the window's records
@@ -266,12 +267,15 @@ class _Run:
 
     def interrupt(self) -> None:
         """SIGINT (Ctrl-C): end the measured window now, after every request already issued
-        (open loop issues up to ``ISSUE_AHEAD_S`` early); a second SIGINT is Python's own."""
+        (open loop issues up to ``ISSUE_AHEAD_S`` early); in the warm-up, stop the run; after
+        the window, nothing (it ran whole). A second SIGINT is Python's own."""
         self.loop.remove_signal_handler(signal.SIGINT)
-        self.interrupted = True
         now = time.perf_counter()
-        if now >= self.win_start:
-            self.win_end = min(self.win_end, max(now, self.last_start + 1e-6))
+        if now < self.win_start:
+            self.interrupted_early = True
+        elif now < self.win_end:
+            self.interrupted = True
+            self.win_end = max(now, self.last_start + 1e-6)
 
     def issue(self, start: float) -> tuple[int, float]:
         i = self.issued
@@ -354,11 +358,14 @@ async def run_load(target: Target, schedule: Schedule, bounds: Bounds, *,
         raise ValueError(f"refusing to load {target.host}: only loopback unless the host is "
                          "named explicitly")
     gc.freeze()  # what exists now is never scanned again: shorter collector pauses mid-run
+    previous = signal.getsignal(signal.SIGINT)
     try:
         return await _drive(target, schedule, bounds, on_progress, record, interruptible)
     finally:
         if interruptible:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         gc.unfreeze()
 
 
@@ -390,12 +397,12 @@ async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
         await asyncio.sleep(TICK_S)
         now = time.perf_counter()
         run.watchdog(now)
+        if run.interrupted_early:
+            raise KeyboardInterrupt  # Ctrl-C in the warm-up: nothing measured
         if phase == "warmup" and now >= run.win_start:
             phase, cpu0, measured_from = "measure", _cpu_s(), time.perf_counter()
-            if target.metrics_path:
+            if target.metrics_path and now < run.win_end:
                 before = await scrape(target.host, target.port, target.metrics_path)
-        if run.interrupted and phase == "warmup":
-            raise KeyboardInterrupt  # nothing measured yet
         if phase == "measure" and (now >= run.win_end or run.issued >= bounds.max_requests):
             break
         if on_progress:
@@ -443,7 +450,7 @@ def _start_ticks(run: _Run, at: list[float]) -> None:
             i, _ = run.issue(start)
             run.dispatch(i, start)
         state["next"] = k
-        if k < n and run.issued < cap and not run.stopping:
+        if k < n and at[k] < run.win_end and run.issued < cap and not run.stopping:
             run.loop.call_later(next_tick_in(at[k], time.perf_counter()), tick)
 
     run.loop.call_soon(tick)

@@ -214,8 +214,8 @@ class LoadResult:
 
     @property
     def achieved_rps(self) -> float:
-        """200 answers per second of window."""
-        return self.ok / self.window_s
+        """200 answers per second of window (0 for a window cut before it began)."""
+        return self.ok / self.window_s if self.window_s > 0 else 0.0
 
     @property
     def errors(self) -> int:

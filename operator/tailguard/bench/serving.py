@@ -92,9 +92,11 @@ def service_rows(isvc: InferenceService, rows_file: str | None,
         raise Unusable(str(exc)) from None
 
 
-def start(spec: Path) -> UpProcess:
+def start(spec: Path, *, own_session: bool = False) -> UpProcess:
     """Start ``tailguard up`` for ``spec`` on a free loopback port and wait for its banner; the
     caller stops it (:meth:`~tailguard.up.child.UpProcess.stop`: drain, then exit, by PID).
+    ``own_session``: a Ctrl-C at the terminal does not reach it (``tailguard bench`` reports
+    what it measured first).
 
     Raises:
         ServeFailed: it did not start.
@@ -102,7 +104,7 @@ def start(spec: Path) -> UpProcess:
     from tailguard.up.child import UpFailed, start_up
 
     try:
-        return start_up(spec)
+        return start_up(spec, own_session=own_session)
     except UpFailed as exc:
         printed = [line for line in str(exc).splitlines()[1:] if line.strip()]
         raise ServeFailed(f"tailguard up {spec} did not start: "

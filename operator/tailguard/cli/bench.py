@@ -152,7 +152,7 @@ def _serve(spec: Path, args: argparse.Namespace) -> Any:
     if not args.json:
         print(f"starting tailguard up {spec} ...", file=sys.stderr, flush=True)
     try:
-        return start(spec)
+        return start(spec, own_session=True)  # Ctrl-C cuts the window; the server stays up
     except ServeFailed as exc:
         raise BenchRefused(str(exc)) from None
 
@@ -171,6 +171,7 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
         else [ClosedLoop(args.concurrency)])
     results: list[LoadResult] = []
     outcomes: list[str] = []
+    cut_at: OpenLoop | ClosedLoop | None = None  # the run Ctrl-C cut short or stopped
     with view.progress(quiet=args.json) as show:
         for schedule in schedules:
             label = (f"{schedule.rate:g} req/s" if isinstance(schedule, OpenLoop)
@@ -183,18 +184,24 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
                                            interruptible=True))
             except OSError as exc:
                 raise BenchRefused(f"cannot connect to {target.base}: {exc.strerror or exc}")
+            except KeyboardInterrupt:  # in a warm-up: report the rates that ran, if any
+                if not results:
+                    raise
+                cut_at = schedule
+                break
             results.append(result)
             if result.interrupted:
+                cut_at = schedule
                 break
             if slo_ms is not None:
                 outcomes.append(outcome(result, slo_ms))
                 if len(schedules) > 1 and outcomes[-1] != "held":
                     break
-    interrupted = results[-1].interrupted  # judged on its own, never part of a sweep's verdict
-    sweep = (sweep_verdict(rates[:len(outcomes)], outcomes,
-                           interrupted_at=rates[len(outcomes)] if interrupted else None)
-             if rates and len(rates) > 1 else None)
-    if interrupted and slo_ms is not None:
+    interrupted = cut_at is not None
+    sweep = (sweep_verdict(rates[:len(outcomes)], outcomes, interrupted_at=(
+        cut_at.rate if isinstance(cut_at, OpenLoop) else None)) if rates and len(rates) > 1
+        else None)
+    if results[-1].interrupted and slo_ms is not None:  # judged on its own, never in a sweep
         outcomes.append(outcome(results[-1], slo_ms))
     report: dict[str, Any] = {
         "target": target.base + target.model_path, "rows": source,
@@ -214,8 +221,7 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
     else:
         view.print_report(report)
     if interrupted:
-        print(f"tailguard bench: interrupted after {results[-1].window_s:g}s of the measured "
-              "window; the report covers what ran", file=sys.stderr)
+        print("tailguard bench: interrupted; the report covers what ran", file=sys.stderr)
         return 130
     return 0 if report["valid"] else 3
 

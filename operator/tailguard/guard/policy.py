@@ -32,9 +32,9 @@ The rules (docs/guard.md, "The rules"):
   breach is named ``deadline``: a model too slow to answer anything, not an idle one.
 * Overload explains a breach: mean queue depth per replica (rows of admitted requests
   waiting) above ``scaling.targetQueueDepth``, unless the model is slow on half-full batches
-  (:data:`SLOW_SMALL_SHARE`) or its mean call took longer than the SLO itself (a request that
-  rides in such a call misses the SLO with no queue ahead of it; more replicas shorten the
-  queue, not the call), or -- for a latency or deadline breach --
+  (:data:`SLOW_SMALL_SHARE`) or, with no half-full call in the window, its mean call took
+  longer than the SLO itself (a request in such a call misses the SLO with no queue ahead of
+  it), or -- for a latency or deadline breach --
   queueing: the share of the window's model calls that took
   longer than half the SLO is at most a quarter of the share of judged requests that missed
   it. A request that waits for one call and then runs in the next misses the SLO only if a call
@@ -154,7 +154,7 @@ class History:
     """Everything the decision needs besides the spec and the time.
 
     ``windows``: observations of the role traffic went to, oldest first (the caller keeps the
-    last few; ``breachWindows`` are enough). ``rollback``: the automatic rollback in effect, if
+    last few with :func:`remember`). ``rollback``: the automatic rollback in effect, if
     any. ``last_action_s``: the guard's last automatic action (monotonic s), for the cooldown.
     ``armed_s``: when the guard was last re-armed (a rollforward); earlier windows never count.
     """
@@ -323,10 +323,8 @@ def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | No
               else "shedding with 429 is the answer on one machine" if spec.max_replicas == 1
               else f"at maxReplicas={spec.max_replicas}; shedding with 429")
     if obs.queue_depth > spec.target_queue_depth:
-        if breach is not None and (
-                obs.small_calls_over_slo > SLOW_SMALL_SHARE * obs.small_calls
-                or (obs.model_ms is not None and obs.model_ms > spec.p99_latency_ms)):
-            return None  # over the SLO on half-full batches, or on the mean call: a slow model
+        if breach is not None and _slow_model(spec, obs):
+            return None  # its calls alone miss the SLO: a slow model, whatever its queue
         return (f"queue {obs.queue_depth:.1f} rows/replica > targetQueueDepth "
                 f"{spec.target_queue_depth:g}, {answer}")
     if (breach in ("latency", "deadline") and obs.calls
@@ -335,6 +333,17 @@ def _overload(spec: GuardSpec, obs: Observation, breach: str | None) -> str | No
                 f"{spec.p99_latency_ms / 2:g}ms (half the SLO; mean {obs.model_ms:g}ms), so "
                 f"most slow requests waited behind other work, {answer}")
     return None
+
+
+def _slow_model(spec: GuardSpec, obs: Observation) -> bool:
+    """Whether the window's model calls alone miss the SLO: more than half of its half-full
+    calls took longer than the SLO (:data:`SLOW_SMALL_SHARE`), or, with no half-full call to
+    tell (a queue kept deep keeps every batch full), its mean call did. A full batch longer
+    than the SLO breaks the promise at any load that fills batches; ``tailguard tune`` never
+    picks such a batch size."""
+    if obs.small_calls:
+        return obs.small_calls_over_slo > SLOW_SMALL_SHARE * obs.small_calls
+    return obs.model_ms is not None and obs.model_ms > spec.p99_latency_ms
 
 
 def _streak(spec: GuardSpec, history: History) -> int:

@@ -78,11 +78,13 @@ class UpProcess:
 
 def start_up(spec: Path | str, timeout_s: float = WAIT_S, env: Mapping[str, str] | None = None,
              cwd: Path | str | None = None, extra_args: tuple[str, ...] = (),
-             host: str | None = None) -> UpProcess:
+             host: str | None = None, own_session: bool = False) -> UpProcess:
     """Start `tailguard up SPEC --port 0` (``env`` adds variables) and wait for its banner.
 
     ``host`` is passed as ``--host``; the banner must then show it (``http://[::]:PORT`` for an
-    IPv6 address). :attr:`UpProcess.base` is always ``http://127.0.0.1:PORT``.
+    IPv6 address). :attr:`UpProcess.base` is always ``http://127.0.0.1:PORT``. With
+    ``own_session`` it runs in a session of its own, so a Ctrl-C at the terminal reaches only
+    the caller, which stops it by PID (:meth:`UpProcess.stop`).
 
     Raises:
         UpFailed: the process exited or printed no banner within ``timeout_s`` seconds (it is
@@ -93,7 +95,8 @@ def start_up(spec: Path | str, timeout_s: float = WAIT_S, env: Mapping[str, str]
     proc = subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0", *extra_args,
                              *(["--host", host] if host else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                            start_new_session=own_session)
     deadline = time.monotonic() + timeout_s
     seen: list[str] = []
     assert proc.stdout is not None

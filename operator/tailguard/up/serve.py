@@ -180,44 +180,39 @@ def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
 
 def load_or_exit(load: Callable[[], T]) -> T:
     """``load()`` (a model load: unpickling or training, arbitrary code that cannot be stopped
-    safely) run in a daemon thread while the main thread waits, so that Ctrl-C lands at one
-    known point. Returns what ``load`` returns and raises what it raises.
+    safely) run in a daemon thread while the main thread waits. Returns what ``load``
+    returns and raises what it raises.
 
-    Ctrl-C while it runs prints ``tailguard up: interrupted`` and ends the process at once
-    with 130, as every command does on Ctrl-C (``os._exit``, after flushing stdout and
-    stderr), without waiting for the load. Found by trying: a KeyboardInterrupt raised inside
-    the load (an import, the unpickler) sometimes ended the process killed by SIGINT instead
-    of with 130, and the interpreter's own shutdown could wait on a lock the loading thread
-    holds.
+    Ctrl-C while it runs writes ``tailguard up: interrupted`` and ends the process with 130,
+    as every command does on Ctrl-C, from the signal handler itself (``os.write``, then
+    ``os._exit``): nothing waits for the load or for a lock it may hold. (A load inside C code
+    that holds the GIL delays the handler until it lets go.) The handler is ours for the load,
+    even when SIGINT came ignored or blocked from the parent (a script's background job):
+    serving, uvicorn installs its own handler all the same. Found by trying: a
+    KeyboardInterrupt raised inside the load (an import, the unpickler) sometimes ended the
+    process killed by SIGINT instead of with 130; started with SIGINT ignored, a load that
+    could not finish was never interrupted.
     """
     outcome: list[Any] = []
 
     def interrupted(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    # Ctrl-C is answered from the first line to the last, even when SIGINT came ignored or
-    # blocked from the parent (a script's background job): serving, uvicorn installs its own
-    # handler all the same. Found by trying: started with SIGINT ignored, Ctrl-C during a load
-    # that could not finish was never answered.
-    previous = signal.signal(signal.SIGINT, interrupted)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        os.write(2, b"tailguard up: interrupted\n")
+        os._exit(130)
 
     def work() -> None:
+        limit_threads()  # BLAS and OpenMP limits hold per thread: this one trains and loads
         try:
             outcome.append((True, load()))
         except BaseException as exc:  # handed to the main thread, raised there
             outcome.append((False, exc))
 
-    thread = threading.Thread(target=work, name="tailguard-load", daemon=True)
+    previous = signal.signal(signal.SIGINT, interrupted)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
+        thread = threading.Thread(target=work, name="tailguard-load", daemon=True)
         thread.start()
         while thread.is_alive():
             thread.join(0.1)
-    except KeyboardInterrupt:
-        print("tailguard up: interrupted", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
     finally:
         signal.signal(signal.SIGINT, previous)
     ok, value = outcome[0]

@@ -235,18 +235,18 @@ def test_ctrl_c_ends_the_window_and_reports_what_ran(null_server: NullServer,
                              "--records", str(records), "--json", *ROOM],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with proc:
-        time.sleep(3.0)  # the interpreter's start, the metadata read, the warm-up, then load
+        time.sleep(5.0)  # the interpreter's start, the metadata read, the warm-up, then load
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "tailguard bench: interrupted after" in err
+    assert "tailguard bench: interrupted; the report covers what ran" in err
     report = json.loads(out)
     assert report["interrupted"] is True
     assert report["sweep"] == {"rateAtSlo": None, "stoppedAt": 40,
                                "reason": "interrupted at 40 req/s"}
     [run] = report["runs"]  # 80 req/s never ran
     assert run["interrupted"] is True and run["offered_rps"] == 40
-    assert 0 < run["window_s"] < 30, run["window_s"]
+    assert 0 < run["window_s"] < 30, run["window_s"]  # cut where Ctrl-C came
     assert run["sent"] > 0 and accounted(run) == run["sent"]
     # answers of 50 ms in flight at the interrupt were awaited, not cut off
     assert run["ok"] == run["sent"], run

@@ -339,3 +339,8 @@ def test_a_deep_queue_does_not_excuse_a_model_slow_on_half_full_batches() -> Non
     stuck = Script().steps(3, admitted=120, slow=120, queue_depth=90.0, calls=10,
                            slow_calls=10, model_ms=300.0)
     assert [d.label for d in stuck] == ["breach 1/3", "breach 2/3", "rolled back"]
+    # but where half-full calls are there to tell, they decide: fast ones mean overload, even
+    # when the full batches take longer than the SLO
+    spike = Script().steps(10, admitted=4000, slow=3000, queue_depth=60.0, calls=200,
+                           slow_calls=150, small_calls=10, small_calls_over_slo=1, model_ms=60.0)
+    assert all(d.action is Action.OVERLOAD for d in spike)
