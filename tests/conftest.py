@@ -83,7 +83,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     uses the control plane goes to one worker, so a session starts one control plane, and the
     other tests go module by module, so a module's server fixtures start once. First among
     the hooks: xdist's worker reads the groups in its own ``pytest_collection_modifyitems``,
-    which otherwise runs before this one and finds none."""
+    which otherwise runs before this one and finds none. The tests on the real node run after
+    the others, so its start overlaps them (:class:`harness.kube.controlplane.ControlPlane`)."""
     misplaced = []
     for item in items:
         in_cluster_dir = item.path.is_relative_to(CLUSTER_DIR)
@@ -98,3 +99,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if misplaced:
         raise pytest.UsageError("tests that use the control plane belong in tests/cluster/: "
                                 + ", ".join(misplaced))
+    # The real node starts in the background while the control plane's own tests run: the
+    # tests on it go last (a stable sort keeps every other order).
+    items.sort(key=lambda item: "node_namespace" in getattr(item, "fixturenames", ()))

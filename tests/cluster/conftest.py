@@ -41,7 +41,8 @@ KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", load("build").DEFAULT_TA
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running cluster in its own network namespace: the control plane (etcd, API server,
     controller manager, scheduler), two kwok nodes, and one real node (containerd, kubelet,
-    kube-proxy) with the project's images imported."""
+    kube-proxy) with the project's images imported, which starts in the background
+    (:func:`node_namespace` waits for it)."""
     try:
         binaries = bindir(KUBE_VERSION)
         images = node_images()
@@ -110,6 +111,10 @@ def node_namespace(cluster: ControlPlane, admin: Client, installed: Installation
     """The chart installed for the real node, once a session (its operator pod on the real
     node, started and Ready, takes most of a minute on a busy machine): the namespace its
     operator watches, which the modules using :func:`node` share in turn."""
+    try:
+        cluster.wait_node()
+    except NodeError as exc:
+        pytest.fail(f"no real node: {exc}", pytrace=False)
     namespace = f"node-{uuid.uuid4().hex[:6]}"
     admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     wait_for(lambda: admin.get("serviceaccounts", namespace, "default"),

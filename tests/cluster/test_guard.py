@@ -257,10 +257,10 @@ def never_rolled_back(node: OnNode, name: str, samples: list[dict[str, Any]]) ->
 
 def test_idle_overload_and_hostile_clients_never_roll_back(node: OnNode) -> None:
     """What the guard in the operator must not roll back, on runtime pods of the real node with
-    traffic through the ClusterIP: an idle primary (10 windows, and not one status write), a
-    healthy primary whose other clients send tiny deadlines and requests as large as the whole
-    queue, and a primary at its capacity, with ``maxReplicas`` reached and then with room to
-    scale (overload: the HPA's job)."""
+    traffic through the ClusterIP: a primary at its capacity, with ``maxReplicas`` reached and
+    then with room to scale (overload: the HPA's job); then, while it idles (10 windows, and
+    not one status write), a healthy primary whose other clients send tiny deadlines and
+    requests as large as the whole queue."""
     for name, text in (("healthy", HEALTHY), ("busy", BUSY)):
         manifest = node.workdir / f"{name}.yaml"
         manifest.write_text(text)
@@ -271,6 +271,29 @@ def test_idle_overload_and_hostile_clients_never_roll_back(node: OnNode) -> None
     def guard_state(name: str) -> str | None:
         status = (node.get(resource.PLURAL, name) or {}).get("status") or {}
         return (status.get("guard") or {}).get("state")
+
+    # busy offered four times what its two pods serve: at maxReplicas, then with room to scale
+    for phase, max_replicas, answer in (("at-max", 2, "at maxReplicas=2"),
+                                        ("room", 4, "scaling's job")):
+        node.patch("busy", {"scaling": {"maxReplicas": max_replicas}})
+
+        def answered_overload(sample: dict[str, Any], answer: str = answer) -> bool:
+            guard = sample["status"].get("guard") or {}
+            return guard.get("state") == "overload" and answer in guard.get(
+                "lastDecisionReason", "")
+        load = node.load("busy", rate=100, seconds=20, label=f"guard-overload-{phase}")
+        samples = watch(node, load, "busy", until=answered_overload, linger_s=3.0)
+        records = load.finish()
+        assert sum(r["status"] == 429 for r in records) > 0, "no overload"
+        overloaded = [s["status"]["guard"] for s in samples
+                      if (s["status"].get("guard") or {}).get("state") == "overload"]
+        assert overloaded, [s["status"].get("guard") for s in samples[-5:]]
+        assert any(answered_overload(s) for s in samples), overloaded
+        assert not any((s["status"].get("guard") or {}).get("state") == "breach"
+                       and s["status"]["guard"].get("breaches", 0) >= 2 for s in samples)
+        never_rolled_back(node, "busy", samples)
+        wait_for(lambda: guard_state("busy") == "idle", timeout=30,
+                 what="busy idle again")
 
     def busy_read() -> bool:  # idle, both pods read: nothing left to write
         status = (node.get(resource.PLURAL, "busy") or {}).get("status") or {}
@@ -312,22 +335,4 @@ def test_idle_overload_and_hostile_clients_never_roll_back(node: OnNode) -> None
     excluded = [(o.get("excluded") or {}).get("short_deadline", 0) for o in judged]
     assert max(excluded) > 0, "the guard did not say it left the tiny deadlines out"
     assert rollbacks_counted(node, "healthy") == before
-
-    # busy offered four times what its two pods serve: at maxReplicas, then with room to scale
-    for phase, max_replicas, answer in (("at-max", 2, "at maxReplicas=2"),
-                                        ("room", 4, "scaling's job")):
-        node.patch("busy", {"scaling": {"maxReplicas": max_replicas}})
-        load = node.load("busy", rate=100, seconds=10, label=f"guard-overload-{phase}")
-        samples = watch(node, load, "busy")
-        records = load.finish()
-        assert sum(r["status"] == 429 for r in records) > 0, "no overload"
-        overloaded = [s["status"]["guard"] for s in samples
-                      if (s["status"].get("guard") or {}).get("state") == "overload"]
-        assert overloaded, [s["status"].get("guard") for s in samples[-5:]]
-        assert any(answer in g.get("lastDecisionReason", "") for g in overloaded), overloaded
-        assert not any((s["status"].get("guard") or {}).get("state") == "breach"
-                       and s["status"]["guard"].get("breaches", 0) >= 2 for s in samples)
-        never_rolled_back(node, "busy", samples)
-        wait_for(lambda: guard_state("busy") == "idle", timeout=30,
-                 what="busy idle again")
     assert len(node.ready_pods("busy", "primary")) == 2

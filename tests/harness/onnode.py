@@ -138,8 +138,12 @@ class OnNode:
                 and not p["metadata"].get("deletionTimestamp")]
 
     def wait_serving(self, name: str, timeout: float = 240) -> None:
-        """Until ``name`` is Ready (its active role has Ready pods) and every runtime pod of
-        its current templates is Ready.
+        """Until ``name`` is Ready (its active role has Ready pods), every runtime pod of its
+        current templates is Ready, and its ClusterIP answers ``/v2/health/ready`` with 200.
+
+        The last step is needed because a pod's readiness reaches kube-proxy's rules
+        asynchronously (the EndpointSlice controller, then kube-proxy's next sync, at most
+        once a second by default): until then a connection to the ClusterIP is refused.
 
         Raises:
             AssertionError: not in ``timeout`` seconds (pod states in the message).
@@ -154,6 +158,16 @@ class OnNode:
             states = {p["metadata"]["name"]: p["status"].get("containerStatuses")
                       for p in self.pods(name)}
             raise AssertionError(f"{exc}; pods: {json.dumps(states)[:3000]}") from None
+        url = f"http://{self.cluster_ip(name)}/v2/health/ready"
+        wait_for(lambda: self.answers(url), timeout=60,
+                 what=f"{name}'s ClusterIP to answer (kube-proxy's rules)")
+
+    def answers(self, url: str) -> bool:
+        """Whether a GET of ``url`` from inside the namespace is answered 200 (in 5 s)."""
+        script = ("import sys, urllib.request\n"
+                  "sys.exit(urllib.request.urlopen(sys.argv[1], timeout=5).status != 200)\n")
+        done = self.holder.run([sys.executable, "-c", script, url], check=False, timeout=30)
+        return done.returncode == 0
 
     def cluster_ip(self, name: str) -> str:
         service = self.get("services", name)
@@ -166,11 +180,17 @@ class OnNode:
                                                                      self.namespace))
 
     def delete_all(self) -> None:
-        """Delete every InferenceService in the namespace and wait until their pods are gone."""
-        try:
-            self.admin.request("DELETE", self.admin.path(resource.PLURAL, self.namespace))
-        except ApiError:
-            pass
+        """Delete every InferenceService in the namespace and wait until their pods are gone.
+
+        The Deployments, ReplicaSets and pods are deleted too, the pods with no grace period:
+        nothing serves any more, so none need their preStop wait and drain (10 s and more)."""
+        for plural, options in ((resource.PLURAL, {}), ("deployments", {}), ("replicasets", {}),
+                                ("pods", {"gracePeriodSeconds": 0})):
+            try:
+                self.admin.request("DELETE", self.admin.path(plural, self.namespace), {
+                    "kind": "DeleteOptions", "apiVersion": "v1", **options})
+            except ApiError:
+                pass
         wait_for(lambda: not self.admin.list("pods", self.namespace), timeout=120,
                  what="the runtime pods to be gone")
 
@@ -191,8 +211,9 @@ class OnNode:
             "print(json.dumps([r.status, {k.lower(): v for k, v in r.headers.items()},"
             " r.read().decode()]))\n")
         done = self.holder.run([sys.executable, "-c", script,
-                                        f"http://{self.cluster_ip(name)}{path}",
-                                        json.dumps(body)])
+                                f"http://{self.cluster_ip(name)}{path}", json.dumps(body)],
+                               check=False)
+        assert done.returncode == 0, f"POST {path} to {name}'s ClusterIP: {done.stderr[-2000:]}"
         status, headers, text = json.loads(done.stdout)
         return status, headers, json.loads(text)
 

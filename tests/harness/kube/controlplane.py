@@ -12,9 +12,12 @@ Service leads to it.
 Two kinds of node: kwok's (:data:`NODES`), whose pods exist only as API objects that kwok marks
 Running and Ready, and, when asked for, one real node (:class:`~.node.Node`: containerd, runc,
 CNI, kubelet, kube-proxy) whose pods run the project's images; it is tainted, so only pods that
-tolerate it land there. The host reaches the API server through a loopback forwarder
-(:attr:`ControlPlane.url`); every kubeconfig of :attr:`ControlPlane.identities` uses it. Every
-process is ended by its PID in :meth:`ControlPlane.stop`, and the namespace with them.
+tolerate it land there. The real node starts in a thread once the control plane is usable (its
+containerd, image imports and kubelet take about 25 s), so tests of the control plane alone run
+meanwhile; :meth:`ControlPlane.wait_node` waits for it. The host reaches the API server
+through a loopback forwarder (:attr:`ControlPlane.url`); every kubeconfig of
+:attr:`ControlPlane.identities` uses it. Every process is ended by its PID in
+:meth:`ControlPlane.stop`, and the namespace with them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -36,7 +40,8 @@ from harness import REPO
 
 from . import pki
 from .holder import NODE_IP, Holder
-from .node import POD_CIDR, Node
+from .node import POD_CIDR, Node, NodeError
+from .node import START_TIMEOUT_S as NODE_START_TIMEOUT_S
 from .procs import end
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -97,6 +102,10 @@ class ControlPlane:
     _inner: dict[str, Path] = field(default_factory=dict)
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _authority: pki.Authority | None = None
+    _node_start: threading.Thread | None = None
+    _node_started: threading.Event = field(default_factory=threading.Event)
+    _node_released: threading.Event = field(default_factory=threading.Event)
+    _node_error: BaseException | None = None
 
     @property
     def ca(self) -> Path:
@@ -144,17 +153,53 @@ class ControlPlane:
                 assert self._authority is not None
                 self.node = Node(self.holder, self.bindir, self.workdir / "node",
                                  self._authority, INNER_URL, self.pause_image, self.images)
-                self.node.start(self._nodes_ready)
+                self._node_start = threading.Thread(target=self._start_node, daemon=True,
+                                                    name="real-node-start")
+                self._node_start.start()
         except BaseException:
             self.stop()
             raise
 
+    def _start_node(self) -> None:
+        """The node start's thread. It lives until :meth:`stop` has ended the node: Linux ends
+        a child started with :func:`~.procs.end_with_parent` when the thread that started it
+        ends."""
+        assert self.node is not None
+        try:
+            self.node.start(self._nodes_ready)
+        except BaseException as exc:  # wait_node raises it in the test that needs the node
+            self._node_error = exc
+        finally:
+            self._node_started.set()
+        self._node_released.wait()
+
+    def wait_node(self) -> Node:
+        """The real node, once its start (begun by :meth:`start`) has ended.
+
+        Raises:
+            NodeError: this control plane has no real node, or it failed to start (the cause
+                attached).
+        """
+        if self.node is None or self._node_start is None:
+            raise NodeError("this control plane was started without a real node")
+        if not self._node_started.wait(NODE_START_TIMEOUT_S + 60):
+            raise NodeError("the real node's start never ended")
+        if self._node_error is not None:
+            raise NodeError(f"the real node did not start: {self._node_error}"
+                            ) from self._node_error
+        return self.node
+
     def stop(self) -> None:
         """End every process this control plane started, newest first, by PID, each before
         the next (an API server whose etcd is gone hangs in its graceful shutdown): the real
-        node first, the holder and its namespace last."""
+        node first (once its start has ended), the holder and its namespace last."""
+        if self._node_start is not None:
+            self._node_started.wait(NODE_START_TIMEOUT_S + 60)
         if self.node is not None:
             self.node.stop()
+        if self._node_start is not None:
+            self._node_released.set()
+            self._node_start.join(10)
         for _, proc in reversed(self._procs):
             end(proc)
         self._procs.clear()

@@ -12,7 +12,9 @@ _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, never in a fo
 
 def end_with_parent() -> None:
     """In a child, before exec: ask Linux to send SIGTERM when the process that started it
-    dies (``PR_SET_PDEATHSIG``), so a killed test run leaves nothing running behind."""
+    dies (``PR_SET_PDEATHSIG``), so a killed test run leaves nothing running behind. Linux
+    sends it when the *thread* that started the child ends: a thread that starts children
+    must outlive them."""
     _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 

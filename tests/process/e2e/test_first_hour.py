@@ -251,10 +251,6 @@ def test_the_switch_route_refuses_a_who_that_is_not_one_word(iris: Up) -> None:
     assert httpx.get(f"{iris.base}/tailguard/traffic", timeout=30).json()["activeModel"] == "primary"
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.mark.parametrize("after_s, inherited", [(0.0, "default"), (0.1, "default"),
                                                 (0.3, "ignored")])
 def test_ctrl_c_while_a_model_loads_is_one_line(tmp_path: Path, after_s: float,
@@ -268,10 +264,12 @@ def test_ctrl_c_while_a_model_loads_is_one_line(tmp_path: Path, after_s: float,
     Ctrl-C: what SIGINT comes ignored reproduces it (why it came so there was not found)."""
     load_gate = tmp_path / "never-created"
     spec, _ = gated_spec(tmp_path, load_gate)
-    with subprocess.Popen([*TAILGUARD, "up", str(spec), "--port", "0"], cwd=ROOT, text=True,
+    argv = [*TAILGUARD, "up", str(spec), "--port", "0"]
+    if inherited == "ignored":  # the shell's trap '' INT is inherited through exec
+        argv = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *argv]
+    with subprocess.Popen(argv, cwd=ROOT, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env={**os.environ, "PYTHONPATH": str(tmp_path)},
-                          preexec_fn=_ignore_sigint if inherited == "ignored" else None) as proc:
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}) as proc:
         try:
             assert proc.stdout is not None
             for line in proc.stdout:

@@ -64,8 +64,11 @@ def test_tiny_deadlines_never_roll_back_a_healthy_primary(healthy: Up, tmp_path:
     assert all(w["guard"]["state"] == "ok" for w in judged), [w["guard"] for w in judged]
     assert set(rollbacks(healthy, "healthy").values()) == {0.0}
     # and the guard says what it left out, window by window
+    # (a 408 is the transport's: the body was not in by the deadline in the head, so no model
+    # route ever saw the request; on a busy machine a tenth of the attack's can end so)
     excluded = sum(w["observed"].get("excluded", {}).get("short_deadline", 0) for w in windows)
-    assert excluded >= 0.8 * sum(attacker.codes.values()), (excluded, attacker.codes)
+    reached = sum(attacker.codes.values()) - attacker.codes.get(408, 0)
+    assert excluded >= 0.8 * reached, (excluded, attacker.codes)
     # as does the stats route's sliding window (read while the attacker still sends; the good
     # client's load may have ended a moment before, so its window can hold no samples)
     assert live["excluded"].get("short_deadline", 0) > 0, live

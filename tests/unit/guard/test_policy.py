@@ -128,6 +128,40 @@ def test_a_stall_with_no_breach_before_it_is_unknown_and_no_breach() -> None:
     assert [x.label for x in run.steps(2, **SLOW)] == ["breach 1/3", "breach 2/3"]
 
 
+def test_a_stall_longer_than_the_kept_history_hides_the_breaches_before_it() -> None:
+    """History keeps ``2 x breachWindows`` windows: a longer stall pushes the earlier breaches
+    out, and the streak starts again (the guard errs toward no rollback)."""
+    run = Script()
+    run.steps(2, **SLOW)
+    stalls = run.steps(2 * SPEC.breach_windows, admitted=0, queue_depth=20.0)
+    assert [d.label for d in stalls[:-2]] == ["breach 2/3"] * (len(stalls) - 2)
+    assert stalls[-2].label == "breach 1/3"  # the first breach is out of the history
+    assert stalls[-1].label == "idle", stalls[-1].reason  # and the second
+    assert [d.label for d in run.steps(2, **SLOW)] == ["breach 1/3", "breach 2/3"]
+    assert Action.ROLL_BACK not in run.actions
+
+
+@pytest.mark.parametrize("queue_depth, stalled", [(0.99, False), (1.0, True)])
+def test_a_window_is_stalled_from_one_waiting_row_per_replica(queue_depth: float,
+                                                             stalled: bool) -> None:
+    run = Script()
+    run.step(**SLOW)
+    d = run.step(admitted=2, queue_depth=queue_depth)
+    assert ("stalled" in d.reason) is stalled, d.reason
+    assert d.label == ("breach 1/3" if stalled else "idle")
+    assert run.step(**SLOW).label == ("breach 2/3" if stalled else "breach 1/3")
+
+
+def test_an_overload_window_before_a_stall_still_ends_the_streak() -> None:
+    """Only stalled windows are passed over: an overload window before one ends the streak."""
+    run = Script()
+    run.steps(2, **SLOW)
+    assert run.step(**OVERLOAD).state == "overload"
+    run.step(admitted=0, queue_depth=30.0)
+    assert [d.label for d in run.steps(2, **SLOW)] == ["breach 1/3", "breach 2/3"]
+    assert Action.ROLL_BACK not in run.actions
+
+
 @pytest.mark.parametrize("max_replicas, replicas, wording", [
     (5, 2, "scaling's job"), (1, 1, "shedding with 429 is the answer on one machine"),
     (5, 5, "at maxReplicas=5")])
