@@ -159,15 +159,14 @@ class OnNode:
                       for p in self.pods(name)}
             raise AssertionError(f"{exc}; pods: {json.dumps(states)[:3000]}") from None
         url = f"http://{self.cluster_ip(name)}/v2/health/ready"
-        wait_for(lambda: self.answers(url), timeout=60,
-                 what=f"{name}'s ClusterIP to answer (kube-proxy's rules)")
 
-    def answers(self, url: str) -> bool:
-        """Whether a GET of ``url`` from inside the namespace is answered 200 (in 5 s)."""
-        script = ("import sys, urllib.request\n"
-                  "sys.exit(urllib.request.urlopen(sys.argv[1], timeout=5).status != 200)\n")
-        done = self.holder.run([sys.executable, "-c", script, url], check=False, timeout=30)
-        return done.returncode == 0
+        def answers() -> bool:
+            try:
+                self.fetch(url)
+            except subprocess.CalledProcessError:
+                return False
+            return True
+        wait_for(answers, timeout=60, what=f"{name}'s ClusterIP to answer (kube-proxy's rules)")
 
     def cluster_ip(self, name: str) -> str:
         service = self.get("services", name)
