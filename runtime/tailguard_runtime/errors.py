@@ -198,3 +198,38 @@ class ModelLoadError(TailguardError):
     """A model URI could not be turned into a usable estimator (raised at startup only)."""
 
     reason = "model_load"
+
+
+class ModelFetchError(ModelLoadError):
+    """A URL model could not be fetched. ``cause`` is one of :data:`MODEL_CAUSES`; ``transient``
+    says whether trying again may help."""
+
+    def __init__(self, message: str, cause: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.transient = transient
+
+
+MODEL_CAUSES = {
+    "ModelURLRefused": "http:// to a host that is neither loopback nor *.svc, or a redirect "
+                       "to http://, or too many redirects",
+    "ModelHostNotFound": "the host name does not resolve",
+    "ModelUnreachable": "no connection (refused, reset, or no route)",
+    "ModelTLSError": "the server's certificate is not trusted or the handshake failed",
+    "ModelNotFound": "404 or 410",
+    "ModelHTTPError": "any other 4xx or 5xx answer",
+    "ModelFetchStalled": "no byte for FetchSettings.stall_timeout_s, or the whole download "
+                         "past FetchSettings.deadline_s",
+    "ModelTooLarge": "more bytes than model.maxBytes (announced or counted)",
+    "ModelChecksumMismatch": "the bytes' SHA-256 is not model.sha256",
+    "ModelLoadFailed": "any other reason a model did not load: a missing file, a file that is "
+                       "not a fitted estimator, a fallback that is not a drop-in",
+}
+"""Why a model did not load, by the word that names it: each :attr:`ModelFetchError.cause`,
+and ``ModelLoadFailed`` for any other :class:`ModelLoadError` (:func:`model_cause`). A runtime
+pod's termination message starts with it; docs/runtime.md has the same table."""
+
+
+def model_cause(error: ModelLoadError) -> str:
+    """The :data:`MODEL_CAUSES` word for ``error``."""
+    return error.cause if isinstance(error, ModelFetchError) else "ModelLoadFailed"

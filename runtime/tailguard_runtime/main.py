@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 
-from tailguard_runtime.errors import ModelLoadError
+from tailguard_runtime.errors import ModelLoadError, model_cause
 from tailguard_runtime.server import (
     DrainingServer,
     base_url,
@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--no-fast-forests", dest="fast_forests", action="store_false",
                         help="call scikit-learn's own forest predict_proba (for comparisons)")
+    parser.add_argument("--termination-log", metavar="PATH",
+                        help="write why the model did not load here, as 'CAUSE: message' "
+                             "(the operator passes the pod's /dev/termination-log)")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     limit_threads()
@@ -62,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runtime = load_runtime(settings)
     except ModelLoadError as exc:
-        print(f"tailguard-runtime: {exc}", file=sys.stderr)
+        print(f"tailguard-runtime: {model_cause(exc)}: {exc}", file=sys.stderr)
+        if args.termination_log:
+            _write_termination_log(args.termination_log, f"{model_cause(exc)}: {exc}")
         return 2
     try:
         sock = bind_socket(args.host, args.port)
@@ -78,6 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run(serve(runtime, sock))
     return 0
+
+
+def _write_termination_log(path: str, line: str) -> None:
+    """Leave ``line`` where the kubelet reads a container's termination message (it keeps at
+    most 4096 bytes of it), or say on stderr why it could not."""
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(line[:4000])
+    except OSError as exc:
+        print(f"tailguard-runtime: cannot write {path}: {exc.strerror}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,10 +1,13 @@
 """Model URIs, checksums, loading, and the one call the batcher makes per batch.
 
-Two URI schemes:
+Three kinds of URI:
 
 * ``file:///abs/path/model.joblib`` -- a scikit-learn estimator saved with ``joblib.dump``.
   An optional ``sha256`` is checked before the file is unpickled. A joblib file is code: load
   only files you trust.
+* ``https://host/path/model.joblib`` (``http://`` only to loopback or a ``*.svc`` host) -- the
+  same kind of file, downloaded into a cache keyed by its required ``sha256`` and opened only
+  once the checksum passed (:mod:`tailguard_runtime.sources`).
 * ``builtin://<dataset>/<estimator>[?trees=N][&delayMs=N]`` -- a demo model trained
   deterministically at startup (``random_state=0``) on a dataset that ships inside scikit-learn
   (no download): datasets ``iris``, ``wine``, ``breast_cancer``, ``digits``; estimators
@@ -31,8 +34,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
-from tailguard_runtime import forests
+from tailguard_runtime import forests, sources
 from tailguard_runtime.errors import InvalidInput, ModelLoadError
+from tailguard_runtime.settings import DEFAULT_MAX_BYTES
+from tailguard_runtime.sources import URL_SCHEMES, FetchSettings, shown
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +90,18 @@ class Predictor:
         return tuple(o.name for o in self.outputs)
 
 
-def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True) -> Predictor:
+def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True,
+               max_bytes: int | None = None, fetch: FetchSettings | None = None) -> Predictor:
     """Load the model a URI names and wrap it as a :class:`Predictor`
-    (``fast_forests``: see :func:`wrap_estimator`).
+    (``fast_forests``: see :func:`wrap_estimator`). A URL model is fetched first, at most
+    ``max_bytes`` (default :data:`~tailguard_runtime.sources.DEFAULT_MAX_BYTES`), with
+    ``fetch`` (default :meth:`FetchSettings.from_env`).
 
     Raises:
         ModelLoadError: unknown scheme, dataset or estimator; missing file; checksum mismatch;
-            a file that is not a fitted estimator. The message starts with the URI.
+            a URL without ``sha256``; a file that is not a fitted estimator. The message
+            starts with the URI (a URL's without its query string).
+        ModelFetchError: a URL model could not be fetched (a ModelLoadError with a ``cause``).
     """
     parts = urlsplit(uri)
     delay_ms = 0
@@ -101,9 +111,18 @@ def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True
         estimator = _train_builtin(uri, parts.netloc, parts.path.strip("/"), query)
     elif parts.scheme == "file":
         estimator = _load_file(uri, Path(unquote(parts.path)), sha256)
+    elif parts.scheme in URL_SCHEMES:
+        if not sha256:
+            raise ModelLoadError(f"{shown(uri)}: a URL model needs its sha256 (a joblib file is "
+                                 "code: it is opened only once its checksum passed)")
+        path = sources.fetch(uri, sha256, DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+                             FetchSettings.from_env() if fetch is None else fetch)
+        uri = shown(uri)
+        estimator = _load_file(uri, path, None)  # fetch checked the checksum
     else:
-        raise ModelLoadError(f"{uri}: unknown model URI scheme {parts.scheme!r}; "
-                             "expected file:///path/model.joblib or builtin://<dataset>/<estimator>")
+        raise ModelLoadError(f"{uri}: unknown model URI scheme {parts.scheme!r}; expected "
+                             "file:///path/model.joblib, https://host/path/model.joblib or "
+                             "builtin://<dataset>/<estimator>")
     predictor = wrap_estimator(uri, estimator, fast_forests=fast_forests)
     if delay_ms:
         predictor = dataclasses.replace(predictor, run=_delayed(predictor.run, delay_ms / 1000.0))

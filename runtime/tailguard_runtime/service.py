@@ -23,6 +23,7 @@ from tailguard_runtime.batcher import Batcher
 from tailguard_runtime.errors import ModelNotFound
 from tailguard_runtime.models import Predictor, check_drop_in, load_model
 from tailguard_runtime.settings import RuntimeSettings
+from tailguard_runtime.sources import shown
 from tailguard_runtime.stats import WindowStats
 from tailguard_runtime.wire import served_by
 
@@ -299,12 +300,14 @@ def load_predictors(settings: RuntimeSettings, *,
     """
     predictors: dict[str, Predictor] = {}
     for model in settings.models:
-        logger.info("loading model service=%s role=%s uri=%s", settings.name, model.role, model.uri)
+        logger.info("loading model service=%s role=%s uri=%s", settings.name, model.role,
+                    shown(model.uri))
         if on_loading is not None:
-            on_loading(model.role, model.uri)
+            on_loading(model.role, shown(model.uri))
         started = perf_counter()
         predictors[model.role] = load_model(model.uri, model.sha256,
-                                            fast_forests=settings.fast_forests)
+                                            fast_forests=settings.fast_forests,
+                                            max_bytes=model.max_bytes)
         if on_loaded is not None:
             on_loaded(model.role, predictors[model.role], perf_counter() - started)
     if "primary" in predictors and "fallback" in predictors:

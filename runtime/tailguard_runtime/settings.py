@@ -143,18 +143,27 @@ _CONNECTION_KEYS = (("maxConnections", "max_connections"),
 """The ``connections`` block's camelCase keys and the :class:`ConnectionSettings` fields."""
 
 
+DEFAULT_MAX_BYTES = 1 << 30
+"""``model.maxBytes`` when the spec names none: 1 GiB, above any scikit-learn model we have
+met (the reference 100-tree forest is a few MB) and small enough to fail fast on a wrong URL."""
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """One model to serve: where it comes from and which role it plays."""
 
     uri: str
-    """``file:///abs/path.joblib`` or ``builtin://<dataset>/<estimator>[?trees=N]``."""
+    """``file:///abs/path.joblib``, ``https://host/path.joblib`` or
+    ``builtin://<dataset>/<estimator>[?trees=N]``."""
     role: str = "primary"
     """``primary`` or ``fallback``; a metrics label and the key traffic switches on."""
     sha256: str | None = None
-    """Hex digest a ``file://`` model must match before it is unpickled."""
+    """Hex digest a ``file://`` or URL model must match before it is unpickled (required for
+    a URL)."""
     version: str = "1"
     """The model version reported by the v2 metadata route and the ``version`` metric label."""
+    max_bytes: int | None = None
+    """Largest download of a URL model, in bytes (``model.maxBytes``); ``None``: 1 GiB."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +208,7 @@ class RuntimeSettings:
     def from_config(cls, config: Mapping[str, Any]) -> "RuntimeSettings":
         """Build from the runtime config JSON written by the operator.
 
-        Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?, "version"?}],
+        Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?, "version"?, "maxBytes"?}],
         "batching": {...}, "slo": {"windowSeconds", "p99LatencyMs"?},
         "drainGraceSeconds"?: float, "connections"?: {...} (see :class:`ConnectionSettings`),
         "allowedOrigins"?: [str],
@@ -211,7 +220,8 @@ class RuntimeSettings:
         """
         models = tuple(
             ModelSettings(uri=m["uri"], role=m.get("role", "primary"), sha256=m.get("sha256"),
-                          version=str(m.get("version", "1")))
+                          version=str(m.get("version", "1")),
+                          max_bytes=None if m.get("maxBytes") is None else int(m["maxBytes"]))
             for m in config["models"]
         )
         return cls(
@@ -251,7 +261,9 @@ class RuntimeSettings:
         config: dict[str, Any] = {
             "name": self.name,
             "models": [{"role": m.role, "uri": m.uri, "version": m.version,
-                        **({"sha256": m.sha256} if m.sha256 else {})} for m in self.models],
+                        **({"sha256": m.sha256} if m.sha256 else {}),
+                        **({"maxBytes": m.max_bytes} if m.max_bytes is not None else {})}
+                       for m in self.models],
             "batching": {"maxBatchSize": b.max_batch_size, "maxWaitMs": _number(b.max_wait_ms),
                          "maxQueueSize": b.max_queue_size, "timeoutMs": _number(b.timeout_ms)},
             "slo": {"windowSeconds": _number(self.stats_window_seconds),

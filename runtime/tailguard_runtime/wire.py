@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from urllib.parse import quote
 
 import numpy as np
@@ -22,7 +22,9 @@ import orjson
 
 from tailguard_runtime.admission import check_fits
 from tailguard_runtime.errors import InvalidInput, PayloadTooLarge
-from tailguard_runtime.models import OutputSpec
+
+if TYPE_CHECKING:  # only for annotations: the models module fetches and loads files
+    from tailguard_runtime.models import OutputSpec
 
 V2_DATATYPES = ("FP32", "FP64", "INT64")
 _NUMBER_TYPES = frozenset((int, float))

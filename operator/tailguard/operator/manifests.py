@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from tailguard.operator.settings import OperatorSettings
 from tailguard.spec import resource
+from tailguard_runtime.settings import DEFAULT_MAX_BYTES
 
 ROLES = ("primary", "fallback")
 PORT = 8080
@@ -30,6 +31,15 @@ PORT_NAME = "http"
 SERVICE_PORT = 80
 CONFIG_DIR = "/etc/tailguard"
 CONFIG_KEY = "runtime.json"
+MODEL_CACHE_DIR = "/var/cache/tailguard/models"
+"""Where a role whose model is an http(s) URL downloads it (an ``emptyDir`` sized by
+``maxBytes``): the pod fetches once at start, and a restarted container finds it there."""
+MODEL_CA_DIR = "/etc/tailguard/model-ca"
+"""Where ``caConfigMap``'s ``ca.crt`` is mounted."""
+MODEL_CA_KEY = "ca.crt"
+TERMINATION_LOG = "/dev/termination-log"
+"""The kubelet's default ``terminationMessagePath``: the runtime writes why its model did not
+load there (``CAUSE: message``), and the operator reads it back from the pod's status."""
 QUEUE_DEPTH_METRIC = "tailguard_queue_depth"
 """The runtime's per-pod gauge the HPAs scale on (rows waiting, the unit of ``maxQueueSize``)."""
 
@@ -114,6 +124,32 @@ def cluster_problems(isvc: resource.InferenceService) -> list[str]:
     return problems
 
 
+def is_url(uri: str) -> bool:
+    """Whether a model URI is downloaded at pod start (``https://`` or ``http://``)."""
+    return uri.startswith(("https://", "http://"))
+
+
+def _model_volumes(ref: resource.ModelRef) -> list[dict[str, Any]]:
+    """A URL model's volumes: the ``models`` emptyDir (room for the file and 1 MiB more; the
+    download is renamed into place, never copied) and ``model-ca``, the ``caConfigMap``'s
+    ``ca.crt``, when it names one. None for other models."""
+    if not is_url(ref.uri):
+        return []
+    size = (ref.max_bytes or DEFAULT_MAX_BYTES) + (1 << 20)
+    ca = ([{"name": "model-ca", "configMap": {
+        "name": ref.ca_config_map, "items": [{"key": MODEL_CA_KEY, "path": MODEL_CA_KEY}]}}]
+          if ref.ca_config_map else [])
+    return [{"name": "models", "emptyDir": {"sizeLimit": str(size)}}, *ca]
+
+
+def _model_mounts(ref: resource.ModelRef) -> list[dict[str, Any]]:
+    if not is_url(ref.uri):
+        return []
+    ca = ([{"name": "model-ca", "mountPath": MODEL_CA_DIR, "readOnly": True}]
+          if ref.ca_config_map else [])
+    return [{"name": "models", "mountPath": MODEL_CACHE_DIR}, *ca]
+
+
 def drain_grace_seconds(isvc: resource.InferenceService) -> int:
     """Seconds a terminating runtime gives admitted requests: their deadline
     (``batching.timeoutMs``, rounded up) plus 5 s of slack, and at least 10 s."""
@@ -179,16 +215,22 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
     a change of what this role serves rolls its pods, and nothing else does.
     """
     labels = role_labels(isvc.name, role)
+    ref = isvc.model if role == "primary" else isvc.fallback
     probe = {"periodSeconds": 2, "timeoutSeconds": 1}
     container = {
         "name": "runtime",
         "image": settings.runtime_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["tailguard-runtime", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
-                    "--role", role, "--host", "0.0.0.0", "--port", str(PORT)],
+                    "--role", role, "--host", "0.0.0.0", "--port", str(PORT),
+                    "--termination-log", TERMINATION_LOG],
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
-        "env": [{"name": var, "value": "1"}
-                for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")],
+        "env": [*({"name": var, "value": "1"}
+                  for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")),
+                *([{"name": "TAILGUARD_MODEL_CACHE", "value": MODEL_CACHE_DIR}]
+                  if is_url(ref.uri) else []),
+                *([{"name": "TAILGUARD_MODEL_CA_FILE", "value": f"{MODEL_CA_DIR}/{MODEL_CA_KEY}"}]
+                  if ref.ca_config_map else [])],
         "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request},
                       "limits": {"memory": settings.memory_limit}},
         # Up to 3 minutes to load (or train, for builtin://) the model before liveness counts.
@@ -201,7 +243,7 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
         # Tell the runtime (PID 1) it is leaving, then keep serving while endpoints drop it.
         "lifecycle": {"preStop": {"exec": {"command": pre_stop_command(settings)}}},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "tmp", "mountPath": "/tmp"}, *_model_mounts(ref)],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
@@ -209,7 +251,8 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
         "containers": [container],
         "volumes": [{"name": "config",
                      "configMap": {"name": child_name(isvc.name, "ConfigMap")}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    *_model_volumes(ref)],
         "terminationGracePeriodSeconds": termination_grace_seconds(isvc, settings),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

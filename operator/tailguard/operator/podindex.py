@@ -90,8 +90,10 @@ class StuckPod:
 def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
     """The pod as one that cannot start, or ``None``: no InferenceService or role label,
     terminating, or no container waiting for a reason in :data:`NOT_STARTING_REASONS`. A crash
-    loop's message is how the container last ended (exit code and reason), which stays the same
-    from one restart to the next; the kubelet's own names a back-off that doubles each time."""
+    loop's message is how the container last ended: its exit code and its termination message
+    (the runtime writes ``CAUSE: message`` there when its model does not load, e.g.
+    ``ModelChecksumMismatch: https://...``), else the kubelet's reason. It stays the same from one
+    restart to the next; the kubelet's own names a back-off that doubles each time."""
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     service, role = labels.get(LABEL_SERVICE), labels.get(LABEL_ROLE)
@@ -106,8 +108,10 @@ def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
             continue
         if reason == CRASH_LOOP:  # the kubelet's message names the back-off, which grows
             ended = (container.get("lastState") or {}).get("terminated") or {}
-            message = (f"the container exited with code {ended.get('exitCode')} "
-                       f"({ended.get('reason') or 'no reason given'})" if ended else "")
+            said = str(ended.get("message") or "").strip()
+            message = (f"the container exited with code {ended.get('exitCode')}"
+                       + (f": {said}" if said else
+                          f" ({ended.get('reason') or 'no reason given'})") if ended else "")
         else:
             message = str(waiting.get("message") or "")
         return StuckPod(str(meta.get("namespace", "")), str(service), str(role),

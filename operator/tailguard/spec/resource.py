@@ -34,6 +34,10 @@ class ModelRef:
     format: str
     version: str
     sha256: str | None
+    max_bytes: int | None = None
+    """``maxBytes``: the download cap of an http(s) model (``None``: the runtime's 1 GiB)."""
+    ca_config_map: str | None = None
+    """``caConfigMap``: the ConfigMap whose ``ca.crt`` an https model's download trusts."""
 
 
 @dataclass(frozen=True)
@@ -195,11 +199,13 @@ def find_object(text: str, source: str = "<input>") -> dict[str, Any]:
 
 
 def _model_ref(raw: Mapping[str, Any]) -> ModelRef:
-    return ModelRef(raw["uri"], raw["format"], raw["version"], raw.get("sha256"))
+    return ModelRef(raw["uri"], raw["format"], raw["version"], raw.get("sha256"),
+                    raw.get("maxBytes"), raw.get("caConfigMap"))
 
 
 def _model_settings(ref: ModelRef, role: str) -> ModelSettings:
-    return ModelSettings(uri=ref.uri, role=role, sha256=ref.sha256, version=ref.version)
+    return ModelSettings(uri=ref.uri, role=role, sha256=ref.sha256, version=ref.version,
+                         max_bytes=ref.max_bytes)
 
 
 def as_applied(written: Mapping[str, Any], isvc: InferenceService) -> dict[str, Any]:

@@ -44,18 +44,24 @@ CLUSTER_ONLY = {
     "scaling.maxReplicas": "autoscaling needs a cluster; tailguard up runs one process",
     "scaling.targetCPUUtilization": "autoscaling needs a cluster; tailguard up runs one process",
     "scaling.behavior": "autoscaling needs a cluster; tailguard up runs one process",
+    "model.caConfigMap": "a ConfigMap is read in a cluster; tailguard up trusts "
+                         "$TAILGUARD_MODEL_CA_FILE",
+    "fallback.caConfigMap": "a ConfigMap is read in a cluster; tailguard up trusts "
+                            "$TAILGUARD_MODEL_CA_FILE",
 }
 """Fields that only mean something in a cluster. ``scaling.targetQueueDepth`` is not here: the
 SLO guard reads it locally too (a deeper mean queue is overload, answered by shedding)."""
 
 
 def not_applicable(raw_spec: dict[str, Any]) -> list[str]:
-    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply."""
-    named = [path for path in CLUSTER_ONLY if _has(raw_spec, path)]
-    if not named:
-        return []
-    return [f"{', '.join('spec.' + p for p in named)}: not applicable locally "
-            f"({CLUSTER_ONLY[named[0]]})"]
+    """Lines naming the fields the user set that ``tailguard up`` accepts but does not apply,
+    one line per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for path, reason in CLUSTER_ONLY.items():
+        if _has(raw_spec, path):
+            by_reason.setdefault(reason, []).append(f"spec.{path}")
+    return [f"{', '.join(paths)}: not applicable locally ({reason})"
+            for reason, paths in by_reason.items()]
 
 
 def _has(mapping: dict[str, Any], dotted: str) -> bool:

@@ -268,7 +268,10 @@ def test_runtime_pods_run_the_image_as_its_dockerfile_says(role: str) -> None:
     container = _runtime_container(role, OperatorSettings())
     command = container["command"]
     assert command[:1] == final.exec_form("ENTRYPOINT")
-    assert options(command[1:]) == {**options(final.exec_form("CMD")), "--role": role}
+    # The kubelet reads a container's termination message at its default path.
+    assert "terminationMessagePath" not in container
+    assert options(command[1:]) == {**options(final.exec_form("CMD")), "--role": role,
+                                    "--termination-log": "/dev/termination-log"}
     assert container["ports"] == [{"name": "http", "containerPort": int(final.args("EXPOSE")[0]),
                                    "protocol": "TCP"}]
     config = options(command[1:])["--config"]

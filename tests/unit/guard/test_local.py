@@ -157,6 +157,12 @@ def test_guard_fields_are_no_longer_named_as_not_applied() -> None:
     assert not_applicable({"scaling": {"maxReplicas": 3}}) == [
         "spec.scaling.maxReplicas: not applicable locally (autoscaling needs a cluster; "
         "tailguard up runs one process)"]
+    assert not_applicable({"scaling": {"minReplicas": 2}, "model": {"caConfigMap": "ca"},
+                           "fallback": {"caConfigMap": "ca"}}) == [
+        "spec.scaling.minReplicas: not applicable locally (autoscaling needs a cluster; "
+        "tailguard up runs one process)",
+        "spec.model.caConfigMap, spec.fallback.caConfigMap: not applicable locally (a ConfigMap "
+        "is read in a cluster; tailguard up trusts $TAILGUARD_MODEL_CA_FILE)"]
 
 
 def test_an_idle_window_fits_the_crd_too() -> None:

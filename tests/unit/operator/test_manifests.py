@@ -30,6 +30,11 @@ SPECS = {
                             "version": "2024-06"},
                      fallback={"uri": "file:///models/iris-logreg.joblib", "sha256": "cd" * 32}),
     "on-fallback": example("iris", traffic="fallback"),
+    "urls": example("iris",
+                    model={"uri": "https://models.example.com/iris.joblib?sig=1", "sha256": SHA,
+                           "maxBytes": 50_000_000, "caConfigMap": "private-ca"},
+                    fallback={"uri": "http://models.ml.svc/iris-logreg.joblib",
+                              "sha256": "cd" * 32}),
 }
 
 
@@ -51,6 +56,34 @@ def test_every_child_validates_strictly(name: str, version: str) -> None:
     for active in manifests.ROLES:
         for obj in build(name, active):
             kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_url_models_get_a_download_folder_sized_by_their_cap_and_their_ca() -> None:
+    deployments = {d["metadata"]["name"]: d["spec"]["template"]["spec"]
+                   for d in by_kind(build("urls"), "Deployment")}
+    sizes, cas = {}, {}
+    for name, pod in deployments.items():
+        (container,) = pod["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert env["TAILGUARD_MODEL_CACHE"] == mounts["models"]["mountPath"] \
+            == "/var/cache/tailguard/models"
+        sizes[name] = volumes["models"]["emptyDir"]["sizeLimit"]
+        if "model-ca" in volumes:
+            assert mounts["model-ca"] == {"name": "model-ca", "readOnly": True,
+                                          "mountPath": "/etc/tailguard/model-ca"}
+            assert env["TAILGUARD_MODEL_CA_FILE"] == "/etc/tailguard/model-ca/ca.crt"
+            cas[name] = volumes["model-ca"]["configMap"]
+        else:
+            assert "TAILGUARD_MODEL_CA_FILE" not in env
+    assert sizes == {"iris-primary": str(50_000_000 + 2**20),
+                     "iris-fallback": str(2**30 + 2**20)}
+    assert cas == {"iris-primary": {"name": "private-ca",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+    for deployment in by_kind(build("defaults"), "Deployment"):
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        assert {"models", "model-ca"}.isdisjoint(v["name"] for v in volumes)
 
 
 def test_children_are_named_labelled_and_owned() -> None:
@@ -88,7 +121,8 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
     (container,) = pod["containers"]
     assert container["image"] == "tailguard/runtime:0.1.0"
     assert container["command"] == ["tailguard-runtime", "--config", "/etc/tailguard/runtime.json",
-                                    "--role", role, "--host", "0.0.0.0", "--port", "8080"]
+                                    "--role", role, "--host", "0.0.0.0", "--port", "8080",
+                                    "--termination-log", "/dev/termination-log"]
     assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"

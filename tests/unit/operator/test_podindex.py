@@ -117,3 +117,15 @@ def test_a_crash_loop_is_noted_once_until_the_pod_is_ready() -> None:
     assert index.not_starting("team", "iris") == {}
     # a container restarted once, not in a crash loop, is never noted
     assert index.keep(crashing("p2", {"running": {}})) is False
+
+
+def test_a_crash_loop_names_what_the_runtime_left_in_its_termination_message() -> None:
+    body = crashing("p1", {"waiting": {"reason": "CrashLoopBackOff"}})
+    said = "ModelChecksumMismatch: https://m.example.com/iris.joblib: sha256 mismatch: " + "x" * 400
+    body["status"]["containerStatuses"][0]["lastState"]["terminated"].update(
+        exitCode=2, message=said + "\n")
+    stuck = stuck_pod(body)
+    assert stuck is not None and stuck.reason == "CrashLoopBackOff"
+    assert stuck.line().startswith("p1: CrashLoopBackOff: the container exited with code 2: "
+                                   "ModelChecksumMismatch: https://m.example.com/iris.joblib")
+    assert len(stuck.message) == 300

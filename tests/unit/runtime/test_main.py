@@ -41,3 +41,20 @@ def test_a_busy_port_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
                             "--log-level", "ERROR"])
     assert code == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_a_model_that_does_not_load_leaves_its_cause_in_the_termination_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runtime.json"
+    path.write_text(json.dumps({"name": "iris", "models": [
+        {"role": "primary", "uri": "file:///no/such/model.joblib"},
+        {"role": "fallback", "uri": "https://models.example.com/m.joblib"}]}))
+    log = tmp_path / "termination-log"
+    for role, cause in (("primary", "ModelLoadFailed: file:///no/such/model.joblib: no such "
+                                    "file"),
+                        ("fallback", "ModelLoadFailed: https://models.example.com/m.joblib: a "
+                                     "URL model needs its sha256")):
+        assert main.main(["--config", str(path), "--role", role, "--log-level", "ERROR",
+                          "--termination-log", str(log)]) == 2
+        assert log.read_text().startswith(cause)
+        assert capsys.readouterr().err.startswith(f"tailguard-runtime: {cause}")

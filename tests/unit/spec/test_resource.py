@@ -13,7 +13,8 @@ FIELDS: dict[str, Getter] = {
     **{f"{role}.{key}": (lambda s, r=role, a=attr: getattr(getattr(s, r), a))
        for role in ("model", "fallback")
        for key, attr in (("uri", "uri"), ("format", "format"), ("sha256", "sha256"),
-                         ("version", "version"))},
+                         ("version", "version"), ("maxBytes", "max_bytes"),
+                         ("caConfigMap", "ca_config_map"))},
     "batching.maxBatchSize": lambda s: s.batching.max_batch_size,
     "batching.maxWaitMs": lambda s: s.batching.max_wait_ms,
     "batching.maxQueueSize": lambda s: s.batching.max_queue_size,
@@ -37,10 +38,12 @@ FULL = {
     "apiVersion": "tailguard.dev/v1alpha1", "kind": "InferenceService",
     "metadata": {"name": "full", "namespace": "ml"},
     "spec": {
-        "model": {"uri": "file:///models/forest.joblib", "format": "sklearn", "sha256": "a" * 64,
-                  "version": "7"},
-        "fallback": {"uri": "file:///models/linear.joblib", "format": "sklearn", "sha256": "b" * 64,
-                     "version": "3"},
+        "model": {"uri": "https://models.example.com/forest.joblib", "format": "sklearn",
+                  "sha256": "a" * 64, "version": "7", "maxBytes": 9000000,
+                  "caConfigMap": "private-ca"},
+        "fallback": {"uri": "https://models.example.com/linear.joblib?token=x", "format": "sklearn",
+                     "sha256": "b" * 64, "version": "3", "maxBytes": 5000000,
+                     "caConfigMap": "kube-root-ca.crt"},
         "batching": {"maxBatchSize": 48, "maxWaitMs": 2, "maxQueueSize": 480, "timeoutMs": 750},
         "slo": {"p99LatencyMs": 40, "windowSeconds": 15, "breachWindows": 2, "recoverWindows": 5,
                 "minSamples": 30, "maxErrorRate": 0.05},
