@@ -1,10 +1,12 @@
 """Model URIs, checksums, loading, and the one call the batcher makes per batch.
 
-Three kinds of URI:
+Four kinds of URI:
 
 * ``file:///abs/path/model.joblib`` -- a scikit-learn estimator saved with ``joblib.dump``.
   An optional ``sha256`` is checked before the file is unpickled. A joblib file is code: load
   only files you trust.
+* ``pvc://<claim>/<path>`` -- the same kind of file on a PersistentVolumeClaim, which the
+  operator mounts read-only under ``$TAILGUARD_PVC_ROOT/<claim>`` (cluster only).
 * ``https://host/path/model.joblib`` (``http://`` only to loopback or a ``*.svc`` host) -- the
   same kind of file, downloaded into a cache keyed by its required ``sha256`` and opened only
   once the checksum passed (:mod:`tailguard_runtime.sources`).
@@ -26,6 +28,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +114,8 @@ def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True
         estimator = _train_builtin(uri, parts.netloc, parts.path.strip("/"), query)
     elif parts.scheme == "file":
         estimator = _load_file(uri, Path(unquote(parts.path)), sha256)
+    elif parts.scheme == "pvc":
+        estimator = _load_file(uri, claim_path(uri, parts.netloc, unquote(parts.path)), sha256)
     elif parts.scheme in URL_SCHEMES:
         if not sha256:
             raise ModelLoadError(f"{shown(uri)}: a URL model needs its sha256 (a joblib file is "
@@ -121,8 +126,8 @@ def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True
         estimator = _load_file(uri, path, None)  # fetch checked the checksum
     else:
         raise ModelLoadError(f"{uri}: unknown model URI scheme {parts.scheme!r}; expected "
-                             "file:///path/model.joblib, https://host/path/model.joblib or "
-                             "builtin://<dataset>/<estimator>")
+                             "file:///path/model.joblib, pvc://claim/path/model.joblib, "
+                             "https://host/path/model.joblib or builtin://<dataset>/<estimator>")
     predictor = wrap_estimator(uri, estimator, fast_forests=fast_forests)
     if delay_ms:
         predictor = dataclasses.replace(predictor, run=_delayed(predictor.run, delay_ms / 1000.0))
@@ -316,6 +321,29 @@ def _train_builtin(uri: str, dataset: str, estimator: str, query: dict[str, list
         model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
     logger.info("training builtin model uri=%s rows=%d features=%d", uri, x.shape[0], x.shape[1])
     return model.fit(x, y)
+
+
+PVC_ROOT_ENV = "TAILGUARD_PVC_ROOT"
+"""Where the operator mounts each claim a ``pvc://`` model names, one folder per claim."""
+
+
+def claim_path(uri: str, claim: str, path: str) -> Path:
+    """The file ``pvc://CLAIM/PATH`` names: ``$TAILGUARD_PVC_ROOT/CLAIM/PATH``.
+
+    Raises:
+        ModelLoadError: no ``TAILGUARD_PVC_ROOT`` (``pvc://`` is for a cluster, where the
+            operator mounts the claim), or a path that leaves the claim's folder.
+    """
+    root = os.environ.get(PVC_ROOT_ENV)
+    if not root:
+        raise ModelLoadError(f"{uri}: a pvc:// model loads in a cluster, where the operator "
+                             f"mounts the claim ({PVC_ROOT_ENV} is not set); locally, name the "
+                             "file with file:///abs/path.joblib")
+    folder = Path(root) / claim
+    found = Path(os.path.normpath(folder / path.lstrip("/")))
+    if not claim or not found.is_relative_to(folder) or found == folder:
+        raise ModelLoadError(f"{uri}: the path must name a file inside the claim {claim!r}")
+    return found
 
 
 def _load_file(uri: str, path: Path, sha256: str | None) -> Any:

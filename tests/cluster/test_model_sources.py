@@ -1,17 +1,24 @@
-"""An https:// model served on the real node: the runtime pod downloads it from a server inside
-the cluster's namespace whose certificate the test's own CA signed (trusted through a
-ConfigMap named in the spec), serves it through the Service, and a wrong checksum leaves the
-old pods serving and says why in the role's condition."""
+"""Models from where users keep them, served on the real node.
+
+An https:// model: the runtime pod downloads it from a server inside the cluster's namespace
+whose certificate the test's own CA signed (trusted through a ConfigMap named in the spec) and
+serves it through the Service; a wrong checksum leaves the old pods serving and says why in the
+role's condition. Two pvc:// models on a claim bound to a hostPath volume: both roles serve from
+it, traffic moves between them; a claim that does not exist is named in the conditions, and
+its pod never starts a container."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from sklearn.ensemble import RandomForestClassifier
 from sklearn.linear_model import LogisticRegression
 
 from harness import REPO
@@ -95,3 +102,79 @@ def test_an_https_model_is_downloaded_in_its_pod_and_a_wrong_checksum_is_named(
         {"name": "input-0", "shape": [1, 4], "datatype": "FP64", "data": IRIS_ROW}]})
     assert status == 200 and headers["x-tailguard-role"] == "primary"
     assert time.monotonic() - started < 30
+
+
+@pytest.fixture(scope="module")
+def claim(node: OnNode) -> Iterator[dict[str, str]]:
+    """A PersistentVolumeClaim ``models`` bound to a hostPath PersistentVolume holding two iris
+    models (a logistic regression and a small forest, drop-ins for each other): their SHA-256
+    by file name."""
+    folder = Path(tempfile.mkdtemp(prefix="tailguard-pv-"))
+    folder.chmod(0o755)  # the runtime runs as an unprivileged user
+    x, y = load_dataset("iris")
+    digests = {}
+    for name, model in (("linear.joblib", LogisticRegression(max_iter=500)),
+                        ("forest.joblib", RandomForestClassifier(n_estimators=5, random_state=0))):
+        digests[name] = sha256_of(joblib_bytes(model.fit(x, y), folder, name))
+        (folder / name).chmod(0o644)
+    volume = f"{node.namespace}-models"
+    node.admin.create({"apiVersion": "v1", "kind": "PersistentVolume",
+                       "metadata": {"name": volume},
+                       "spec": {"capacity": {"storage": "10Mi"}, "accessModes": ["ReadOnlyMany"],
+                                "persistentVolumeReclaimPolicy": "Retain",
+                                "storageClassName": "", "volumeMode": "Filesystem",
+                                "hostPath": {"path": str(folder), "type": "Directory"},
+                                "claimRef": {"namespace": node.namespace, "name": "models"}}})
+    node.admin.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": "models", "namespace": node.namespace},
+                       "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                                "volumeName": volume,
+                                "resources": {"requests": {"storage": "10Mi"}}}})
+    try:
+        wait_for(lambda: ((node.get("persistentvolumeclaims", "models") or {}).get("status")
+                          or {}).get("phase") == "Bound", timeout=60, what="the claim to bind")
+        yield digests
+    finally:
+        node.delete_all()
+        node.admin.delete("persistentvolumeclaims", node.namespace, "models")
+        node.admin.delete("persistentvolumes", None, volume)
+        shutil.rmtree(folder)
+
+
+def served_by(node: OnNode, name: str) -> tuple[str, str]:
+    """The role and model that answer one v2 request to ``name``'s ClusterIP."""
+    status, headers, answer = node.request(name, f"/v2/models/{name}/infer", {"inputs": [
+        {"name": "input-0", "shape": [1, 4], "datatype": "FP64", "data": IRIS_ROW}]})
+    assert status == 200, answer
+    return headers["x-tailguard-role"], headers["x-tailguard-model"]
+
+
+def test_models_on_a_claim_serve_roll_back_and_forward_and_a_missing_claim_is_named(
+        node: OnNode, claim: dict[str, str]) -> None:
+    body = example("iris", node.namespace, traffic="primary", rollback={"automatic": False},
+                   model={"uri": "pvc://models/forest.joblib", "sha256": claim["forest.joblib"]},
+                   fallback={"uri": "pvc://models/linear.joblib",
+                             "sha256": claim["linear.joblib"]})
+    body["metadata"]["name"] = "claimed"
+    node.admin.create(body)
+    node.wait_serving("claimed")
+    assert served_by(node, "claimed") == ("primary", "pvc://models/forest.joblib")
+    for role, uri in (("fallback", "pvc://models/linear.joblib"),
+                      ("primary", "pvc://models/forest.joblib")):
+        node.patch("claimed", {"traffic": role})
+        wait_for(lambda: node.selected_role("claimed") == role, timeout=90,
+                 what=f"the Service to select the {role}")
+        wait_for(lambda: served_by(node, "claimed") == (role, uri), timeout=30,
+                 what=f"the {role} to answer")
+
+    body = example("iris", node.namespace, traffic="primary", rollback={"automatic": False},
+                   model={"uri": "pvc://absent/forest.joblib", "sha256": claim["forest.joblib"]})
+    body["metadata"]["name"] = "unclaimed"
+    node.admin.create(body)
+    wait_for(lambda: "ClaimNotFound" in node.condition("unclaimed", "PrimaryReady").get(
+        "message", ""), timeout=120, what="PrimaryReady to name the missing claim")
+    ready = node.condition("unclaimed", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PodsNotStarting"), ready
+    assert 'persistentvolumeclaim "absent" not found' in ready["message"], ready
+    assert all(not p["status"].get("containerStatuses")
+               for p in node.pods("unclaimed", "primary"))  # never started, never crashed

@@ -44,7 +44,8 @@ def _validate(args: argparse.Namespace) -> int:
     for line in cluster_problems(isvc):
         print(f"note: valid for tailguard up, but the operator refuses it: {line}", file=sys.stderr)
     if not args.models:
-        print("note: models not loaded (a file:// model may live inside an image); --models "
+        print("note: models not loaded (a file:// or pvc:// model may live in an image or on a "
+              "volume of the cluster); --models "
               "loads both and checks that the fallback is a drop-in", file=sys.stderr)
     return 0
 

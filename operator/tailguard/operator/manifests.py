@@ -37,6 +37,8 @@ MODEL_CACHE_DIR = "/var/cache/tailguard/models"
 MODEL_CA_DIR = "/etc/tailguard/model-ca"
 """Where ``caConfigMap``'s ``ca.crt`` is mounted."""
 MODEL_CA_KEY = "ca.crt"
+PVC_ROOT = "/mnt/pvc"
+"""Where the claim a ``pvc://CLAIM/...`` model names is mounted, read-only, as ``PVC_ROOT/CLAIM``."""
 TERMINATION_LOG = "/dev/termination-log"
 """The kubelet's default ``terminationMessagePath``: the runtime writes why its model did not
 load there (``CAUSE: message``), and the operator reads it back from the pod's status."""
@@ -114,12 +116,13 @@ def service_url(isvc: resource.InferenceService) -> str:
 
 def cluster_problems(isvc: resource.InferenceService) -> list[str]:
     """What a valid spec still lacks to run in a cluster, one ``field: problem`` line each
-    (empty when nothing): a ``file://`` model must name its ``sha256`` there, because the file
-    comes from an image or volume that the operator cannot inspect."""
+    (empty when nothing): a ``file://`` or ``pvc://`` model must name its ``sha256`` there,
+    because the file comes from an image or volume that the operator cannot inspect."""
     problems = []
     for field, ref in (("spec.model", isvc.model), ("spec.fallback", isvc.fallback)):
-        if ref.uri.startswith("file://") and not ref.sha256:
-            problems.append(f"{field}.sha256: required in a cluster for a file:// model "
+        scheme = ref.uri.partition("://")[0]
+        if scheme in ("file", "pvc") and not ref.sha256:
+            problems.append(f"{field}.sha256: required in a cluster for a {scheme}:// model "
                             f"({ref.uri})")
     return problems
 
@@ -129,10 +132,20 @@ def is_url(uri: str) -> bool:
     return uri.startswith(("https://", "http://"))
 
 
+def claim_of(uri: str) -> str | None:
+    """The PersistentVolumeClaim a ``pvc://CLAIM/path`` model names, else ``None``."""
+    return uri[len("pvc://"):].partition("/")[0] if uri.startswith("pvc://") else None
+
+
 def _model_volumes(ref: resource.ModelRef) -> list[dict[str, Any]]:
     """A URL model's volumes: the ``models`` emptyDir (room for the file and 1 MiB more; the
     download is renamed into place, never copied) and ``model-ca``, the ``caConfigMap``'s
-    ``ca.crt``, when it names one. None for other models."""
+    ``ca.crt``, when it names one. A ``pvc://`` model's claim, read-only, as
+    ``model-claim``. None for other models."""
+    claim = claim_of(ref.uri)
+    if claim is not None:
+        return [{"name": "model-claim",
+                 "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}]
     if not is_url(ref.uri):
         return []
     size = (ref.max_bytes or DEFAULT_MAX_BYTES) + (1 << 20)
@@ -143,6 +156,9 @@ def _model_volumes(ref: resource.ModelRef) -> list[dict[str, Any]]:
 
 
 def _model_mounts(ref: resource.ModelRef) -> list[dict[str, Any]]:
+    claim = claim_of(ref.uri)
+    if claim is not None:
+        return [{"name": "model-claim", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}]
     if not is_url(ref.uri):
         return []
     ca = ([{"name": "model-ca", "mountPath": MODEL_CA_DIR, "readOnly": True}]
@@ -230,7 +246,9 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
                 *([{"name": "TAILGUARD_MODEL_CACHE", "value": MODEL_CACHE_DIR}]
                   if is_url(ref.uri) else []),
                 *([{"name": "TAILGUARD_MODEL_CA_FILE", "value": f"{MODEL_CA_DIR}/{MODEL_CA_KEY}"}]
-                  if ref.ca_config_map else [])],
+                  if ref.ca_config_map else []),
+                *([{"name": "TAILGUARD_PVC_ROOT", "value": PVC_ROOT}]
+                  if claim_of(ref.uri) else [])],
         "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request},
                       "limits": {"memory": settings.memory_limit}},
         # Up to 3 minutes to load (or train, for builtin://) the model before liveness counts.

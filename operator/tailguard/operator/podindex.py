@@ -89,7 +89,8 @@ class StuckPod:
 
 def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
     """The pod as one that cannot start, or ``None``: no InferenceService or role label,
-    terminating, or no container waiting for a reason in :data:`NOT_STARTING_REASONS`. A crash
+    terminating, or neither placed out of reach by a claim it mounts (:func:`_claim_trouble`)
+    nor with a container waiting for a reason in :data:`NOT_STARTING_REASONS`. A crash
     loop's message is how the container last ended: its exit code and its termination message
     (the runtime writes ``CAUSE: message`` there when its model does not load, e.g.
     ``ModelChecksumMismatch: https://...``), else the kubelet's reason. It stays the same from one
@@ -100,6 +101,11 @@ def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
     if not service or not role or meta.get("deletionTimestamp"):
         return None
     status = body.get("status") or {}
+    claim = _claim_trouble(status)
+    if claim is not None:
+        return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
+                        str(meta.get("uid", "")), str(meta.get("name", "")), claim[0],
+                        " ".join(claim[1].split())[:MESSAGE_CHARS])
     for container in (status.get("initContainerStatuses") or []) + (
             status.get("containerStatuses") or []):
         waiting = (container.get("state") or {}).get("waiting") or {}
@@ -117,6 +123,25 @@ def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
         return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
                         str(meta.get("uid", "")), str(meta.get("name", "")), str(reason),
                         " ".join(message.split())[:MESSAGE_CHARS])
+    return None
+
+
+def _claim_trouble(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(ClaimNotFound | ClaimNotBound, the scheduler's message)`` when the scheduler cannot
+    place the pod because of a PersistentVolumeClaim it mounts (a ``pvc://`` model's), else
+    ``None``. The scheduler's volume binding says ``persistentvolumeclaim "NAME" not found``
+    or ``pod has unbound immediate PersistentVolumeClaims``; other reasons a pod waits for a
+    node (CPU, taints) may pass and are not noted."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") != "PodScheduled" or cond.get("status") != "False" \
+                or cond.get("reason") != "Unschedulable":
+            continue
+        message = str(cond.get("message") or "")
+        lowered = message.lower()
+        if "persistentvolumeclaim" in lowered and "not found" in lowered:
+            return "ClaimNotFound", message
+        if "unbound" in lowered and "persistentvolumeclaim" in lowered:
+            return "ClaimNotBound", message
     return None
 
 

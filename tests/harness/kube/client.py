@@ -23,6 +23,8 @@ RESOURCES: Mapping[str, tuple[str, str]] = {
     "serviceaccounts": ("/api/v1", "ns"),
     "endpoints": ("/api/v1", "ns"),
     "resourcequotas": ("/api/v1", "ns"),
+    "persistentvolumes": ("/api/v1", ""),
+    "persistentvolumeclaims": ("/api/v1", "ns"),
     "deployments": ("/apis/apps/v1", "ns"),
     "replicasets": ("/apis/apps/v1", "ns"),
     "horizontalpodautoscalers": ("/apis/autoscaling/v2", "ns"),
@@ -125,7 +127,9 @@ def _plural(kind: str) -> str:
     special = {"HorizontalPodAutoscaler": "horizontalpodautoscalers",
                "ResourceQuota": "resourcequotas",
                "PodDisruptionBudget": "poddisruptionbudgets",
-               "CustomResourceDefinition": "customresourcedefinitions"}
+               "CustomResourceDefinition": "customresourcedefinitions",
+               "PersistentVolume": "persistentvolumes",
+               "PersistentVolumeClaim": "persistentvolumeclaims"}
     return special.get(kind, kind.lower() + "s")
 
 

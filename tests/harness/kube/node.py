@@ -282,20 +282,16 @@ class Node:
         found: set[int] = set()
         for hierarchy in self._hierarchies():
             mine = hierarchy / self.cgroup_root.lstrip("/")
-            for procs in mine.rglob("cgroup.procs") if mine.is_dir() else ():
+            for folder in _folders_deepest_first(mine):
                 with contextlib.suppress(OSError):
-                    found.update(int(p) for p in procs.read_text().split())
+                    found.update(int(p) for p in (folder / "cgroup.procs").read_text().split())
         found.discard(os.getpid())
         return sorted(found)
 
     def _cgroups_remove(self) -> None:
         for hierarchy in self._hierarchies():
             mine = hierarchy / self.cgroup_root.lstrip("/")
-            if not mine.is_dir():
-                continue
-            folders = sorted((p for p in mine.rglob("*") if p.is_dir()),
-                             key=lambda p: len(p.parts), reverse=True)
-            for folder in [*folders, mine]:
+            for folder in _folders_deepest_first(mine):
                 for _ in range(25):  # a killed process leaves its cgroup a moment later
                     try:
                         folder.rmdir()
@@ -325,3 +321,8 @@ class Node:
                 raise NodeError(f"timed out waiting for {what}; logs in {self.logs}")
             time.sleep(0.2)
 
+
+def _folders_deepest_first(top: Path) -> list[Path]:
+    """``top`` and every folder below it, children before parents (none if ``top`` is gone).
+    A cgroup that disappears during the walk (its last process just left) is skipped."""
+    return [Path(folder) for folder, _, _ in os.walk(top, topdown=False)]

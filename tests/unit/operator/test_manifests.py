@@ -35,6 +35,8 @@ SPECS = {
                            "maxBytes": 50_000_000, "caConfigMap": "private-ca"},
                     fallback={"uri": "http://models.ml.svc/iris-logreg.joblib",
                               "sha256": "cd" * 32}),
+    "claims": example("iris", model={"uri": "pvc://models/v2/iris.joblib", "sha256": SHA},
+                      fallback={"uri": "builtin://iris/logistic-regression"}),
 }
 
 
@@ -84,6 +86,23 @@ def test_url_models_get_a_download_folder_sized_by_their_cap_and_their_ca() -> N
     for deployment in by_kind(build("defaults"), "Deployment"):
         volumes = deployment["spec"]["template"]["spec"]["volumes"]
         assert {"models", "model-ca"}.isdisjoint(v["name"] for v in volumes)
+
+
+def test_a_claim_model_mounts_its_claim_read_only_in_its_role_only() -> None:
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"]
+            for d in by_kind(build("claims"), "Deployment")}
+    primary, fallback = pods["iris-primary"], pods["iris-fallback"]
+    (container,) = primary["containers"]
+    assert {"name": "model-claim", "persistentVolumeClaim": {"claimName": "models",
+                                                              "readOnly": True}} \
+        in primary["volumes"]
+    assert {"name": "model-claim", "mountPath": "/mnt/pvc/models", "readOnly": True} \
+        in container["volumeMounts"]
+    assert {"name": "TAILGUARD_PVC_ROOT", "value": "/mnt/pvc"} in container["env"]
+    assert "model-claim" not in {v["name"] for v in fallback["volumes"]}
+    assert manifests.cluster_problems(resource.parse(example(
+        "iris", model={"uri": "pvc://models/iris.joblib"}))) == [
+        "spec.model.sha256: required in a cluster for a pvc:// model (pvc://models/iris.joblib)"]
 
 
 def test_children_are_named_labelled_and_owned() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tailguard.operator.podindex import PodIndex, pod_target, stuck_pod
 
 
@@ -129,3 +131,24 @@ def test_a_crash_loop_names_what_the_runtime_left_in_its_termination_message() -
     assert stuck.line().startswith("p1: CrashLoopBackOff: the container exited with code 2: "
                                    "ModelChecksumMismatch: https://m.example.com/iris.joblib")
     assert len(stuck.message) == 300
+
+
+@pytest.mark.parametrize("message, reason", [
+    ('0/3 nodes are available: persistentvolumeclaim "models" not found. preemption: 0/3 '
+     'nodes are available: 3 Preemption is not helpful for scheduling.', "ClaimNotFound"),
+    ("0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: "
+     "0/3 nodes are available: 3 Preemption is not helpful for scheduling.", "ClaimNotBound"),
+    ("0/3 nodes are available: 3 Insufficient cpu.", None),
+])
+def test_a_pod_its_claim_keeps_off_every_node_cannot_start(message: str,
+                                                            reason: str | None) -> None:
+    body = pod("p1", phase="Pending", ip=None, ready=False)
+    body["status"]["conditions"].append({"type": "PodScheduled", "status": "False",
+                                         "reason": "Unschedulable", "message": message})
+    index = PodIndex()
+    assert index.keep(body) is (reason is not None)
+    stuck = index.not_starting("team", "iris").get("primary", [])
+    assert [p.reason for p in stuck] == ([reason] if reason else [])
+    if reason:
+        assert stuck[0].message == message[:300]
+        assert index.keep(body) is False  # the same trouble again: nothing new

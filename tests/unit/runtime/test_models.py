@@ -100,3 +100,21 @@ def test_fast_forest_path_is_bit_for_bit_sklearns(forest_type: str) -> None:
         fast(np.full((1, 64), 1e39))
     with pytest.raises(ValueError), np.errstate(over="ignore"):
         forest.predict_proba(np.full((1, 64), 1e39))  # sklearn refuses the same input
+
+
+def test_a_claim_model_is_read_below_its_claims_mount(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    x, y = load_dataset("iris")
+    (tmp_path / "models" / "v2").mkdir(parents=True)
+    path = tmp_path / "models" / "v2" / "forest.joblib"
+    joblib.dump(RandomForestClassifier(n_estimators=3, random_state=0).fit(x, y), path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(ModelLoadError, match="loads in a cluster.*TAILGUARD_PVC_ROOT"):
+        load_model("pvc://models/v2/forest.joblib", digest)
+    monkeypatch.setenv("TAILGUARD_PVC_ROOT", str(tmp_path))
+    assert load_model("pvc://models/v2/forest.joblib", digest).n_features == 4
+    with pytest.raises(ModelLoadError, match="sha256 mismatch"):
+        load_model("pvc://models/v2/forest.joblib", "0" * 64)
+    for escape in ("pvc://models/../other/forest.joblib", "pvc://models/v2/../../x"):
+        with pytest.raises(ModelLoadError, match="inside the claim 'models'"):
+            load_model(escape, digest)
