@@ -211,13 +211,14 @@ class ModelFetchError(ModelLoadError):
 
 
 MODEL_CAUSES = {
-    "ModelURLRefused": "http:// to a host that is neither loopback nor *.svc, or a redirect "
-                       "to http://, or too many redirects",
+    "ModelURLRefused": "http:// to a host that is neither loopback nor *.svc, a port that is "
+                       "not a number, a redirect to http://, or too many redirects",
     "ModelHostNotFound": "the host name does not resolve",
     "ModelUnreachable": "no connection (refused, reset, or no route)",
-    "ModelTLSError": "the server's certificate is not trusted or the handshake failed",
+    "ModelTLSError": "the server's certificate is not trusted, or a handshake or stream was "
+                     "cut short (tried again)",
     "ModelNotFound": "404 or 410",
-    "ModelHTTPError": "any other 4xx or 5xx answer",
+    "ModelHTTPError": "any other answer than 2xx with a body",
     "ModelFetchStalled": "no byte for FetchSettings.stall_timeout_s, or the whole download "
                          "past FetchSettings.deadline_s",
     "ModelTooLarge": "more bytes than model.maxBytes (announced or counted)",

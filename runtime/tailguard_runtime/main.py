@@ -30,9 +30,13 @@ logger = logging.getLogger(__name__)
 
 
 def configure_logging(level: str = "INFO") -> None:
-    """Plain ``time level logger message`` lines on stderr."""
+    """Plain ``time level logger message`` lines on stderr (httpx and httpcore at WARNING or
+    above)."""
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs each request's whole URL at INFO: a presigned model URL's signature with it.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,8 @@ import numpy as np
 from tailguard_runtime import forests, sources
 from tailguard_runtime.errors import InvalidInput, ModelLoadError
 from tailguard_runtime.settings import DEFAULT_MAX_BYTES
-from tailguard_runtime.sources import URL_SCHEMES, FetchSettings, shown
+from tailguard_runtime.sources import FetchSettings
+from tailguard_runtime.uris import URL_SCHEMES, shown
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ def load_model(uri: str, sha256: str | None = None, *, fast_forests: bool = True
                max_bytes: int | None = None, fetch: FetchSettings | None = None) -> Predictor:
     """Load the model a URI names and wrap it as a :class:`Predictor`
     (``fast_forests``: see :func:`wrap_estimator`). A URL model is fetched first, at most
-    ``max_bytes`` (default :data:`~tailguard_runtime.sources.DEFAULT_MAX_BYTES`), with
+    ``max_bytes`` bytes (default :data:`~tailguard_runtime.settings.DEFAULT_MAX_BYTES`), with
     ``fetch`` (default :meth:`FetchSettings.from_env`).
 
     Raises:
@@ -323,6 +325,8 @@ def _train_builtin(uri: str, dataset: str, estimator: str, query: dict[str, list
     return model.fit(x, y)
 
 
+CLAIM_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+"""A PersistentVolumeClaim's name (a DNS-1123 subdomain, as the CRD's pattern has it)."""
 PVC_ROOT_ENV = "TAILGUARD_PVC_ROOT"
 """Where the operator mounts each claim a ``pvc://`` model names, one folder per claim."""
 
@@ -341,7 +345,7 @@ def claim_path(uri: str, claim: str, path: str) -> Path:
                              "file with file:///abs/path.joblib")
     folder = Path(root) / claim
     found = Path(os.path.normpath(folder / path.lstrip("/")))
-    if not claim or not found.is_relative_to(folder) or found == folder:
+    if not CLAIM_NAME.fullmatch(claim) or not found.is_relative_to(folder) or found == folder:
         raise ModelLoadError(f"{uri}: the path must name a file inside the claim {claim!r}")
     return found
 

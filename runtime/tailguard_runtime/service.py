@@ -23,8 +23,8 @@ from tailguard_runtime.batcher import Batcher
 from tailguard_runtime.errors import ModelNotFound
 from tailguard_runtime.models import Predictor, check_drop_in, load_model
 from tailguard_runtime.settings import RuntimeSettings
-from tailguard_runtime.sources import shown
 from tailguard_runtime.stats import WindowStats
+from tailguard_runtime.uris import shown
 from tailguard_runtime.wire import served_by
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,11 @@ opened before that checksum passed:
    :attr:`FetchSettings.max_redirects`), streamed into a temporary file beside the cache entry
    while its size is counted against ``maxBytes`` and its SHA-256 computed; the file is renamed
    into place only when the checksum matches.
-3. A failure that may pass (no answer, DNS, a stall, 5xx, 429) is tried again after 1 s, 2 s,
-   4 s (``FetchSettings.backoff_s`` doubled), up to ``FetchSettings.attempts`` in all; one
-   that will not (404, TLS, the size cap, a wrong checksum, a redirect to ``http://``) is final.
+3. A failure that may pass (no answer, DNS, a stall, a cut TLS stream, 5xx, 408, 429) is
+   tried again after 1 s, 2 s, 4 s (``FetchSettings.backoff_s`` doubled), up to
+   ``FetchSettings.attempts`` in all; one that will not (404, an untrusted certificate, the
+   size cap, a wrong checksum, a redirect to ``http://``, an attempt past its deadline) is
+   final.
 
 Every failure is a :class:`~tailguard_runtime.errors.ModelFetchError` whose ``cause`` names it
 (``ModelNotFound``, ``ModelTooLarge``, ...; :data:`~tailguard_runtime.errors.MODEL_CAUSES`). URLs are
@@ -22,6 +24,7 @@ shown without their query string and user info (a presigned URL's token is a sec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import ipaddress
@@ -33,16 +36,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import certifi
 import httpx
 
 from tailguard_runtime.errors import ModelFetchError, ModelLoadError
+from tailguard_runtime.uris import URL_SCHEMES, shown
 
 logger = logging.getLogger(__name__)
 
-URL_SCHEMES = ("https", "http")
 CHUNK_BYTES = 1 << 16
 
 
@@ -54,14 +57,17 @@ class FetchSettings:
     ca_file: Path | None = None
     """PEM bundle trusted besides the public CAs (certifi's), e.g. a private CA's certificate."""
     connect_timeout_s: float = 10.0
+    """Longest wait for a connection (and its TLS handshake) to a host."""
     stall_timeout_s: float = 30.0
     """Longest wait for the next bytes of an answer (httpx's read timeout)."""
     deadline_s: float = 600.0
     """Longest one attempt may take, however steadily bytes trickle in."""
     attempts: int = 4
+    """Attempts in all for a failure that may pass (the first one included)."""
     backoff_s: float = 1.0
     """Wait before the second attempt; doubled before each later one."""
     max_redirects: int = 5
+    """Most redirects followed in one attempt (each to ``https://`` only)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> FetchSettings:
@@ -96,23 +102,10 @@ class FetchSettings:
         return made
 
 
-def shown(uri: str) -> str:
-    """An http(s) ``uri`` without user info, query string and fragment (what log lines and
-    errors print); any other URI as it is."""
-    parts = urlsplit(uri)
-    if parts.scheme not in URL_SCHEMES:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 def http_allowed(host: str) -> bool:
     """Whether plain ``http://`` may reach ``host``: a loopback address or ``localhost``, or a
-    cluster-internal Service name (``NAME.NAMESPACE.svc``, optionally followed by the cluster
-    domain, as in ``models.ml.svc.cluster.local``)."""
+    cluster-internal Service name, ``NAME.NAMESPACE.svc`` or ``NAME.NAMESPACE.svc.cluster.local``
+    (the default cluster domain; another one is not told from a public name)."""
     host = host.lower().rstrip(".")
     if host == "localhost":
         return True
@@ -120,7 +113,7 @@ def http_allowed(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         labels = host.split(".")
-        return "svc" in labels[2:] and all(labels)
+        return all(labels) and labels[2:] in (["svc"], ["svc", "cluster", "local"])
 
 
 def check_url(uri: str) -> None:
@@ -134,6 +127,11 @@ def check_url(uri: str) -> None:
     if parts.scheme not in URL_SCHEMES or not parts.hostname:
         raise ModelFetchError(f"{shown(uri)}: expected an https:// URL with a host",
                               "ModelURLRefused")
+    try:
+        parts.port
+    except ValueError:
+        raise ModelFetchError(f"{shown(uri)}: the port is not a number from 0 to 65535",
+                              "ModelURLRefused") from None
     if parts.scheme == "http" and not http_allowed(parts.hostname):
         raise ModelFetchError(
             f"{shown(uri)}: http:// is allowed only to loopback or a cluster-internal *.svc "
@@ -152,10 +150,12 @@ def file_digest(path: Path) -> str:
 def fetch(uri: str, sha256: str, max_bytes: int, settings: FetchSettings, *,
           sleep: Callable[[float], None] = time.sleep) -> Path:
     """The cached file of URL model ``uri`` whose SHA-256 is ``sha256``, downloaded first if
-    the cache lacks it (the module docstring gives the steps). ``max_bytes`` caps the download.
+    the cache lacks it (the module docstring gives the steps). ``max_bytes`` caps the download,
+    in bytes.
 
     Raises:
-        ModelFetchError: as :data:`~tailguard_runtime.errors.MODEL_CAUSES` lists, after the attempts a transient one gets.
+        ModelFetchError: as :data:`~tailguard_runtime.errors.MODEL_CAUSES` lists, after the
+            attempts a transient one gets.
         ModelLoadError: the cache folder cannot be made or written.
     """
     check_url(uri)
@@ -167,8 +167,9 @@ def fetch(uri: str, sha256: str, max_bytes: int, settings: FetchSettings, *,
                 logger.info("model cached uri=%s path=%s", shown(uri), dest)
                 return dest
             logger.warning("model cache entry %s does not match its name; fetching again", dest)
-            dest.unlink()
+            dest.unlink(missing_ok=True)
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
+        _remove_stale_parts(settings.cache_dir, digest, settings.deadline_s)
     except OSError as exc:
         raise ModelLoadError(f"{shown(uri)}: model cache {settings.cache_dir}: {exc}") from None
     for attempt in range(1, settings.attempts + 1):
@@ -189,6 +190,17 @@ def fetch(uri: str, sha256: str, max_bytes: int, settings: FetchSettings, *,
                            exc.cause, attempt, settings.attempts, wait, exc.message)
             sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _remove_stale_parts(folder: Path, digest: str, deadline_s: float) -> None:
+    """Delete the temporary files of this checksum's downloads older than one attempt may last
+    (a process killed mid-download leaves one; in a pod it would count against the emptyDir's
+    size limit)."""
+    now = time.time()
+    for part in folder.glob(f".{digest}.*.part"):
+        with contextlib.suppress(OSError):
+            if now - part.stat().st_mtime > deadline_s:
+                part.unlink()
 
 
 def _tls_context(ca_file: Path | None) -> ssl.SSLContext:
@@ -214,7 +226,8 @@ def _download(uri: str, digest: str, max_bytes: int, settings: FetchSettings,
         with httpx.Client(verify=_tls_context(settings.ca_file), timeout=timeout,
                           follow_redirects=False) as client:
             for _ in range(settings.max_redirects + 1):
-                with client.stream("GET", url) as answer:
+                with client.stream("GET", url,
+                                   headers={"Accept-Encoding": "identity"}) as answer:
                     if answer.is_redirect:
                         url = _redirect_target(uri, answer)
                         continue
@@ -246,7 +259,7 @@ def _check_answer(uri: str, answer: httpx.Response, max_bytes: int) -> None:
     if status in (404, 410):
         raise ModelFetchError(f"{shown(uri)}: {status} {answer.reason_phrase} from "
                               f"{shown(str(answer.url))}", "ModelNotFound")
-    if status >= 400 or status < 200 or status == 204:
+    if not 200 <= status < 300 or status == 204:
         raise ModelFetchError(f"{shown(uri)}: {status} {answer.reason_phrase} from "
                               f"{shown(str(answer.url))}", "ModelHTTPError",
                               transient=status >= 500 or status in (408, 429))
@@ -267,8 +280,8 @@ def _save(uri: str, answer: httpx.Response, digest: str, max_bytes: int, part: P
                 raise ModelFetchError(f"{shown(uri)}: more than maxBytes {max_bytes} bytes "
                                       "sent; download stopped", "ModelTooLarge")
             if time.monotonic() > deadline:
-                raise ModelFetchError(f"{shown(uri)}: download still running after its "
-                                      "deadline; stopped", "ModelFetchStalled", transient=True)
+                raise ModelFetchError(f"{shown(uri)}: download still running after "
+                                      "its deadline; stopped", "ModelFetchStalled")
             checksum.update(chunk)
             fh.write(chunk)
     if checksum.hexdigest() != digest:
@@ -289,8 +302,12 @@ def _transport_error(uri: str, exc: Exception) -> ModelFetchError:
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return ModelFetchError(f"{shown(uri)}: no bytes for the stall timeout ({text})",
                                "ModelFetchStalled", transient=True)
-    if any(isinstance(e, ssl.SSLError) for e in chain) or "CERTIFICATE_VERIFY_FAILED" in text:
+    if any(isinstance(e, ssl.SSLCertVerificationError) for e in chain) \
+            or "CERTIFICATE_VERIFY_FAILED" in text:
         return ModelFetchError(f"{shown(uri)}: TLS failed: {text}", "ModelTLSError")
+    if any(isinstance(e, ssl.SSLError) for e in chain):  # a handshake or stream cut short
+        return ModelFetchError(f"{shown(uri)}: TLS failed: {text}", "ModelTLSError",
+                               transient=True)
     if any(isinstance(e, socket.gaierror) for e in chain) or "Name or service not known" in text:
         return ModelFetchError(f"{shown(uri)}: host not found: {text}", "ModelHostNotFound",
                                transient=True)

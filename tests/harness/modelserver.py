@@ -144,7 +144,7 @@ class LeavesAMark:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve files over HTTPS until killed: ``--cert C --key K --host H --port P
-    --file /PATH=LOCAL ...``; prints ``serving`` once it listens (the real-node tests start it
+    --file /PATH=LOCAL ... --redirect /PATH=LOCATION ...`` (any other path: 404); prints ``serving`` once it listens (the real-node tests start it
     inside the cluster's namespace, where the pods reach it)."""
     import argparse
 
@@ -154,11 +154,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--file", action="append", default=[])
+    parser.add_argument("--redirect", action="append", default=[])
     args = parser.parse_args(argv)
     routes = {}
     for item in args.file:
         path, _, local = item.partition("=")
         routes[path] = Route("file", Path(local).read_bytes())
+    for item in args.redirect:
+        path, _, location = item.partition("=")
+        routes[path] = Route("redirect", location=location)
     server = ModelServer(routes, address=(args.host, args.port),
                          certificate=KeyPair(Path(args.cert), Path(args.key)))
     print(f"serving {server.url('/')}", flush=True)

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 
 from tailguard.guard.observe import Observation
 from tailguard.spec.resource import InferenceService
+from tailguard_runtime.uris import shown
 
 SLOW_FRACTION = 0.01
 """A window is breached when more than this share of judged requests missed the SLO: a p99
@@ -197,8 +198,9 @@ class Decision:
 
 
 def model_identity(uri: str, version: str) -> str:
-    """``uri@version``: what a recorded rollback applies to."""
-    return f"{uri}@{version}"
+    """``uri@version``: what a recorded rollback applies to, the URI as
+    :func:`~tailguard_runtime.uris.shown` (a presigned URL's new signature is the same model)."""
+    return f"{shown(uri)}@{version}"
 
 
 def effective_traffic(spec: GuardSpec, history: History) -> str:

@@ -251,9 +251,11 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
                   if claim_of(ref.uri) else [])],
         "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request},
                       "limits": {"memory": settings.memory_limit}},
-        # Up to 3 minutes to load (or train, for builtin://) the model before liveness counts.
+        # Up to 3 minutes to load (or train, for builtin://) the model before liveness counts;
+        # 15 for a URL model, whose download may take one 10-minute attempt and the retries
+        # of a few stalls (tailguard_runtime.sources.FetchSettings).
         "startupProbe": {"httpGet": {"path": "/v2/health/live", "port": PORT_NAME},
-                         **probe, "failureThreshold": 90},
+                         **probe, "failureThreshold": 450 if is_url(ref.uri) else 90},
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": PORT_NAME},
                            **probe, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": PORT_NAME},

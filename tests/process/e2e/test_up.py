@@ -164,8 +164,11 @@ def test_sigint_drains_and_exits_cleanly(tmp_path: Path) -> None:
     spec = tmp_path / "iris.yaml"
     spec.write_text((ROOT / "examples" / "iris.yaml").read_text())
     server = start_up(spec)
-    assert httpx.get(f"{server.base}/v2/health/ready").status_code == 200
-    assert server.stop(signal.SIGINT) == 0
+    try:
+        assert httpx.get(f"{server.base}/v2/health/ready").status_code == 200
+    finally:  # stopped either way: a process left running fails the worker's next test
+        code = server.stop(signal.SIGINT)
+    assert code == 0
     assert ("tailguard up: drained 0 in-flight request(s); 0 answered 503 (0 cut off when the "
             "grace period ended, 0 arrived while draining); stopped") in "".join(server.printed)
 

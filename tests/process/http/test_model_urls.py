@@ -4,6 +4,8 @@ named cause, with nothing unpickled before its checksum passed."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -79,6 +81,18 @@ def test_an_https_model_is_fetched_once_then_served_from_the_cache(
     assert "secret" not in first.uri and first.n_features == 4
     x, _ = load_dataset("iris")
     np.testing.assert_array_equal(first.run(x)[0], again.run(x)[0])
+
+
+def test_a_part_left_by_a_killed_download_is_removed_once_stale(
+        server: ModelServer, settings: FetchSettings, model_bytes: bytes) -> None:
+    digest = sha256_of(model_bytes)
+    settings.cache_dir.mkdir()
+    stale, fresh = (settings.cache_dir / f".{digest}.{pid}.part" for pid in (1, 2))
+    for part in (stale, fresh):
+        part.write_bytes(b"half a model")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    load_model(server.url("/iris.joblib"), digest, fetch=settings)
+    assert not stale.exists() and fresh.exists()  # another process may still write the fresh one
 
 
 def test_https_redirects_are_followed(server: ModelServer, settings: FetchSettings,

@@ -72,6 +72,8 @@ def test_url_models_get_a_download_folder_sized_by_their_cap_and_their_ca() -> N
         assert env["TAILGUARD_MODEL_CACHE"] == mounts["models"]["mountPath"] \
             == "/var/cache/tailguard/models"
         sizes[name] = volumes["models"]["emptyDir"]["sizeLimit"]
+        assert container["startupProbe"]["failureThreshold"] * \
+            container["startupProbe"]["periodSeconds"] >= 900  # a 10-minute attempt, retries
         if "model-ca" in volumes:
             assert mounts["model-ca"] == {"name": "model-ca", "readOnly": True,
                                           "mountPath": "/etc/tailguard/model-ca"}

@@ -58,3 +58,12 @@ def test_a_model_that_does_not_load_leaves_its_cause_in_the_termination_log(
                           "--termination-log", str(log)]) == 2
         assert log.read_text().startswith(cause)
         assert capsys.readouterr().err.startswith(f"tailguard-runtime: {cause}")
+
+
+def test_request_lines_of_httpx_never_reach_the_log_at_info() -> None:
+    """httpx logs each request's whole URL at INFO, a presigned model URL's signature too."""
+    import logging
+
+    main.configure_logging("INFO")
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("httpcore").isEnabledFor(logging.INFO)

@@ -7,12 +7,8 @@ from pathlib import Path
 import pytest
 
 from tailguard_runtime.errors import ModelFetchError, ModelLoadError
-from tailguard_runtime.sources import (
-    FetchSettings,
-    check_url,
-    http_allowed,
-    shown,
-)
+from tailguard_runtime.sources import FetchSettings, check_url, http_allowed
+from tailguard_runtime.uris import shown
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "127.8.9.1", "::1",
@@ -22,13 +18,16 @@ def test_plain_http_is_allowed_to_loopback_and_cluster_services(host: str) -> No
 
 
 @pytest.mark.parametrize("host", ["example.com", "10.0.0.1", "svc", "models.svc",
-                                  "svc.example.com", "models..svc", "192.168.1.1"])
+                                  "svc.example.com", "models..svc", "192.168.1.1",
+                                  "models.ml.svc.evil.example", "models.ml.svc.cluster.local.io",
+                                  "a.models.ml.svc"])
 def test_plain_http_is_refused_anywhere_else(host: str) -> None:
     assert not http_allowed(host)
 
 
 def test_a_refused_url_fails_before_any_connection() -> None:
-    for uri in ("http://example.com/m.joblib", "ftp://example.com/m.joblib", "https:///m"):
+    for uri in ("http://example.com/m.joblib", "ftp://example.com/m.joblib", "https:///m",
+                "https://example.com:99999/m.joblib", "https://example.com:x/m.joblib"):
         with pytest.raises(ModelFetchError) as refused:
             check_url(uri)
         assert refused.value.cause == "ModelURLRefused"
@@ -43,6 +42,7 @@ def test_shown_urls_keep_no_secret() -> None:
     assert shown("http://[::1]:9000/m.joblib?t=1") == "http://[::1]:9000/m.joblib"
     assert shown("builtin://iris/random-forest?trees=5") == "builtin://iris/random-forest?trees=5"
     assert shown("file:///m.joblib") == "file:///m.joblib"
+    assert shown("https://h:99999/m?sig=1") == "https://h/m"
 
 
 def test_fetch_settings_come_from_the_environment(tmp_path: Path) -> None:

@@ -1,0 +1,29 @@
+"""How a model URI is shown: a URL without what may be secret in it. Pure; no I/O.
+
+A presigned URL (S3, GCS, Azure) carries its signature in the query string, and a URL may carry
+a password before its host. Log lines, errors, response headers, conditions and the SLO
+guard's record name a model by :func:`shown`, never by the URI as written.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+URL_SCHEMES = ("https", "http")
+
+
+def shown(uri: str) -> str:
+    """An http(s) ``uri`` without user info, query string and fragment; any other URI as it
+    is. A port that is not a number is left out (the fetch refuses such a URL)."""
+    parts = urlsplit(uri)
+    if parts.scheme not in URL_SCHEMES:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is not None:
+        netloc += f":{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
