@@ -102,6 +102,33 @@ class StatusPoller:
         return [self.windows[k] for k in sorted(self.windows, key=stamp)]
 
 
+def assert_rolled_back_on_streak(windows: list[dict[str, Any]], status: dict[str, Any], *,
+                                 breach_windows: int = 2, window_s: float = 1.0,
+                                 min_samples: int = 10) -> float:
+    """Check that the guard rolled back on an unbroken streak and return the seconds from the end
+    of the first window it judged breached to ``status.guard.rolledBackAt``.
+
+    ``windows``: :meth:`StatusPoller.ordered`; ``status``: the last status (rolled back). From the
+    first primary window in state ``breach`` on, every primary window must be ``breach`` (judged
+    breached, or stalled: too few requests finished while work waited, which holds the streak)
+    or ``rolledBack``; the delay may be at most ``breach_windows`` windows plus one per stalled
+    window, plus 2 s (the promise in docs/guard.md: ``breachWindows x windowSeconds + 2 s``). Windows the guard could not
+    judge before the first breach (an attacker's admitted request running first) are not part
+    of the streak: the guard has not yet seen the model break the SLO."""
+    primary = [w for w in windows if w["observed"]["role"] == "primary"]
+    trace = [(w["observed"]["windowEnd"], w["observed"]["judged"], w["observed"]["slowFraction"],
+              w["guard"]["state"]) for w in primary]
+    start = next((i for i, w in enumerate(primary)
+                  if w["guard"]["state"] in ("breach", "rolledBack")), None)
+    assert start is not None, trace
+    streak = primary[start:]
+    assert all(w["guard"]["state"] in ("breach", "rolledBack") for w in streak), trace
+    stalled = sum(1 for w in streak if w["observed"]["judged"] < min_samples)
+    delay = stamp(status["guard"]["rolledBackAt"]) - stamp(streak[0]["observed"]["windowEnd"])
+    assert 0 <= delay <= (breach_windows + stalled) * window_s + 2.0, (delay, trace)
+    return delay
+
+
 def load(up: Up, name: str, tmp_path: Path, *, rate: float, duration_s: float,
          extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Run `tailguard bench` open loop to completion (no warm-up: the whole schedule is measured,

@@ -25,7 +25,13 @@ import httpx
 import numpy as np
 import pytest
 
-from harness.guard import Attacker, StatusPoller, load, rollbacks, stamp
+from harness.guard import (
+    Attacker,
+    StatusPoller,
+    assert_rolled_back_on_streak,
+    load,
+    rollbacks,
+)
 from harness.runtime import PROBE_MODULE, PROBE_SOURCE, make_probe, probe_rows
 from harness.up import Up
 from tailguard.up.child import start_up
@@ -170,10 +176,7 @@ def test_a_model_that_rejects_every_row_is_rolled_back(rejecting: Up, tmp_path: 
     assert rollbacks(rejecting, "probe")["errors"] == 1.0
     assert 500 in {a["status"] for a in answers}, {a["status"] for a in answers}
     windows = poller.ordered()
-    first_breach = next(w for w in windows if w["observed"]["role"] == "primary"
-                        and w["observed"]["errorRate"] > 0.5)
-    assert stamp(status["guard"]["rolledBackAt"]) - stamp(
-        first_breach["observed"]["windowEnd"]) <= 2 * 1 + 2
+    assert_rolled_back_on_streak(windows, status)
 
 
 def test_poisoned_batch_mates_fail_no_good_request_and_roll_nothing_back(
