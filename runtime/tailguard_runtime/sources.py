@@ -180,11 +180,11 @@ def fetch(uri: str, sha256: str, max_bytes: int, settings: FetchSettings, *,
                         size, time.monotonic() - started, attempt)
             return dest
         except ModelFetchError as exc:
-            if not exc.transient or attempt == settings.attempts:
-                if exc.transient:
-                    exc.message = f"{exc.message} (after {attempt} attempts)"
-                    exc.args = (exc.message,)
+            if not exc.transient:
                 raise
+            if attempt == settings.attempts:
+                raise ModelFetchError(f"{exc.message} (after {attempt} attempts)", exc.cause,
+                                      transient=True) from exc
             wait = settings.backoff_s * 2 ** (attempt - 1)
             logger.warning("model fetch failed (%s) attempt=%d/%d, next in %.0f s: %s",
                            exc.cause, attempt, settings.attempts, wait, exc.message)

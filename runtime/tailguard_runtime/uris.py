@@ -12,6 +12,11 @@ from urllib.parse import urlsplit, urlunsplit
 URL_SCHEMES = ("https", "http")
 
 
+def is_url(uri: str) -> bool:
+    """Whether a model ``uri`` is downloaded (its scheme is one of :data:`URL_SCHEMES`)."""
+    return urlsplit(uri).scheme in URL_SCHEMES
+
+
 def shown(uri: str) -> str:
     """An http(s) ``uri`` without user info, query string and fragment; any other URI as it
     is. A port that is not a number is left out (the fetch refuses such a URL)."""

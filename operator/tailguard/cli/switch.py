@@ -10,8 +10,6 @@ from typing import Any
 
 from tailguard.cli.options import DEFAULT_PORT, add_target
 from tailguard.cli.reach import call_local, kube_problem
-from tailguard.guard.record import ROLL_FORWARD_ANNOTATION as ROLL_FORWARD
-from tailguard.guard.record import format_time
 
 
 def add_parser(sub: Any) -> None:
@@ -29,6 +27,8 @@ def add_parser(sub: Any) -> None:
 
 def _switch(args: argparse.Namespace) -> int:
     if args.cluster:
+        from tailguard.guard.record import ROLL_FORWARD_ANNOTATION as ROLL_FORWARD
+        from tailguard.guard.record import format_time
         from tailguard.operator import kube
 
         # rolling forward also clears an automatic rollback older than now

@@ -17,7 +17,7 @@ from tailguard.cli.options import add_load_window, add_max_lag, add_rows, add_ta
 
 def add_parser(sub: Any) -> None:
     """Register ``tune`` on the ``tailguard`` subcommands."""
-    from tailguard.tune.search import DEFAULT_BUDGET_S
+    from tailguard.tune import DEFAULT_BUDGET_S
 
     text = "choose the batch policy with the most throughput inside the SLO, by measuring it"
     cmd = sub.add_parser("tune", help=text, description=(

@@ -27,7 +27,6 @@ def _validate(args: argparse.Namespace) -> int:
     from tailguard.operator.manifests import cluster_problems
     from tailguard.spec.resource import as_applied, read_file
     from tailguard.spec.schema import SpecError
-    from tailguard.up.serve import spec_error_text
 
     try:
         found = read_file(args.file)
@@ -35,7 +34,7 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"tailguard validate: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
     except SpecError as exc:
-        print(spec_error_text("tailguard validate", args.file, exc), file=sys.stderr)
+        print(exc.for_people("tailguard validate", args.file), file=sys.stderr)
         return 2
     isvc = found.isvc
     if args.models and not _check_models(args.file, isvc):

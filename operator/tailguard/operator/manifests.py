@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from tailguard.operator.settings import OperatorSettings
 from tailguard.spec import resource
 from tailguard_runtime.settings import DEFAULT_MAX_BYTES
+from tailguard_runtime.uris import is_url
 
 ROLES = ("primary", "fallback")
 PORT = 8080
@@ -125,11 +126,6 @@ def cluster_problems(isvc: resource.InferenceService) -> list[str]:
             problems.append(f"{field}.sha256: required in a cluster for a {scheme}:// model "
                             f"({ref.uri})")
     return problems
-
-
-def is_url(uri: str) -> bool:
-    """Whether a model URI is downloaded at pod start (``https://`` or ``http://``)."""
-    return uri.startswith(("https://", "http://"))
 
 
 def claim_of(uri: str) -> str | None:

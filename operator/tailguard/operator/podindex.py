@@ -101,11 +101,15 @@ def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
     if not service or not role or meta.get("deletionTimestamp"):
         return None
     status = body.get("status") or {}
+
+    def stuck(reason: str, message: str) -> StuckPod:
+        return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
+                        str(meta.get("uid", "")), str(meta.get("name", "")), reason,
+                        " ".join(message.split())[:MESSAGE_CHARS])
+
     claim = _claim_trouble(status)
     if claim is not None:
-        return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
-                        str(meta.get("uid", "")), str(meta.get("name", "")), claim[0],
-                        " ".join(claim[1].split())[:MESSAGE_CHARS])
+        return stuck(*claim)
     for container in (status.get("initContainerStatuses") or []) + (
             status.get("containerStatuses") or []):
         waiting = (container.get("state") or {}).get("waiting") or {}
@@ -120,9 +124,7 @@ def stuck_pod(body: Mapping[str, Any]) -> StuckPod | None:
                           f" ({ended.get('reason') or 'no reason given'})") if ended else "")
         else:
             message = str(waiting.get("message") or "")
-        return StuckPod(str(meta.get("namespace", "")), str(service), str(role),
-                        str(meta.get("uid", "")), str(meta.get("name", "")), str(reason),
-                        " ".join(message.split())[:MESSAGE_CHARS])
+        return stuck(str(reason), message)
     return None
 
 

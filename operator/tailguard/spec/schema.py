@@ -26,6 +26,14 @@ class SpecError(ValueError):
         super().__init__("; ".join(errors))
         self.errors = errors
 
+    def for_people(self, prefix: str, path: str) -> str:
+        """The refusal of the file ``path`` as ``prefix`` (the command) says it: one line for
+        one problem, else a heading and one indented line each."""
+        if len(self.errors) == 1:
+            return f"{prefix}: {path} is not a valid InferenceService: {self.errors[0]}"
+        return "\n".join([f"{prefix}: {path} is not a valid InferenceService "
+                          f"({len(self.errors)} problems):", *(f"  {line}" for line in self.errors)])
+
 
 @functools.cache
 def crd() -> dict[str, Any]:

@@ -29,12 +29,11 @@ import numpy as np
 from tailguard.bench.plan import LoadResult, OpenLoop, outcome
 from tailguard.bench.serving import Unusable, measure, start
 from tailguard.spec.resource import InferenceService
+from tailguard.tune import DEFAULT_BUDGET_S
 from tailguard.tune.grid import Choice, Grid, PointResult, Policy, build_grid, choose
 from tailguard.tune.rawtable import BATCH_SIZES, RawRow, raw_table
 from tailguard.up.child import UpProcess
 
-DEFAULT_BUDGET_S = 600.0
-"""Default bound on a whole ``tailguard tune`` run, in seconds."""
 SWEEP_START_RPS = 25.0
 """Without ``--rate``: a point's first rate (requests/s); each next rate doubles, up to the raw
 table's rows/s at its batch size (the model thread's ceiling). Low, because HTTP and a busy

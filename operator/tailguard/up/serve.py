@@ -125,7 +125,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
         print(f"tailguard up: cannot read {path}: {exc.strerror}", file=sys.stderr)
         return 2
     except SpecError as exc:
-        print(spec_error_text("tailguard up", path, exc), file=sys.stderr)
+        print(exc.for_people("tailguard up", path), file=sys.stderr)
         return 2
     written, isvc = found.written, found.isvc
     traffic = logging.getLogger("tailguard_runtime.traffic")
@@ -174,14 +174,6 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
         report = dataclasses.replace(report, refused=runtime.refused_draining)
     print(f"tailguard up: {report.line() + '; ' if report else ''}stopped", file=out, flush=True)
     return 0
-
-
-def spec_error_text(prefix: str, path: str, exc: SpecError) -> str:
-    """A refused spec for people: one line for one problem, else a heading and one line each."""
-    if len(exc.errors) == 1:
-        return f"{prefix}: {path} is not a valid InferenceService: {exc.errors[0]}"
-    return "\n".join([f"{prefix}: {path} is not a valid InferenceService "
-                      f"({len(exc.errors)} problems):", *(f"  {line}" for line in exc.errors)])
 
 
 def load_or_exit(load: Callable[[], T]) -> T:
