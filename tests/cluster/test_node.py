@@ -98,14 +98,27 @@ def test_manual_rollback_under_load_moves_traffic_once_the_fallback_is_ready(
     and every request is answered 200."""
     iris(node, primaries=2)
     assert len(node.ready_pods("iris", "fallback")) == 1
-    load = node.load("iris", rate=40, seconds=60, label="rollback")
+    primaries = [p["metadata"]["name"] for p in node.ready_pods("iris", "primary")]
+    load = node.load("iris", rate=40, seconds=120, label="rollback")
     time.sleep(6)
     node.patch("iris", {"traffic": "fallback"})
     wait_for(lambda: node.selected_role("iris") == "fallback", timeout=90,
              what="the Service to select the fallback")
     switched = time.time()
     fallback = node.ready_pods("iris", "fallback")
-    records = load.stop(at=switched + 16)  # the kept-alive clients move within seconds
+
+    def told(pod: str) -> bool:
+        """The pod's runtime read that traffic left its role: it answers Connection: close."""
+        logs = node.cluster.kubectl("logs", "-n", node.namespace, pod)
+        time.sleep(0.2)
+        return "role=primary active=fallback keep_alive=False" in logs.stdout
+
+    # the kubelet refreshes the mounted config on its pod sync (syncFrequency, 5 s on this
+    # node, with jitter; a minute by default), the runtime reads it every 2 s
+    wait_for(lambda: all(told(pod) for pod in primaries), timeout=90,
+             what="the primary pods to read that traffic left them")
+    told_at = time.time()
+    records = load.stop(at=told_at + 8)
 
     assert failures(records) == []
     assert len(fallback) == 2, "the Service moved before two fallback pods were Ready"
@@ -116,10 +129,10 @@ def test_manual_rollback_under_load_moves_traffic_once_the_fallback_is_ready(
     tail = [role for done, role in roles if done > last_primary]
     assert tail and set(tail) == {"fallback"}
     assert records[-1]["done"] - last_primary >= 5, (
-        "kept-alive clients were still on the primary near the end of the run "
-        f"(last primary answer {last_primary - switched:.1f} s after the switch)")
-    print(f"keep-alive clients left the primary {last_primary - switched:.1f} s after the "
-          "Service moved")
+        "kept-alive clients were still on the primary near the end of the run (last primary "
+        f"answer {last_primary - told_at:.1f} s after its pods read that traffic left them)")
+    print(f"the primary's pods read that traffic left them {told_at - switched:.1f} s after "
+          f"the Service moved; keep-alive clients left {last_primary - told_at:.1f} s later")
 
 
 def test_a_new_primary_model_rolls_out_under_load_without_a_failed_request(
