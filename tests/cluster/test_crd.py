@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,14 @@ def server_dry_run(cluster: ControlPlane, path: Path, namespace: str
     """``kubectl apply --dry-run=server -f FILE`` (strict field validation, kubectl's default)."""
     return cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path),
                            check=False)
+
+
+def both(cluster: ControlPlane, path: Path, namespace: str
+         ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """:func:`server_dry_run` and :func:`validate` of ``path``, run side by side."""
+    with ThreadPoolExecutor(1) as pool:
+        local = pool.submit(validate, path)
+        return server_dry_run(cluster, path, namespace), local.result()
 
 
 def test_helm_installed_the_crd_and_kubectl_can_take_it_over(
@@ -99,8 +108,7 @@ def test_refusals_come_from_the_server_naming_the_field_and_validate_agrees(
         case: str) -> None:
     path = tmp_path / "isvc.yaml"
     path.write_text(yaml.safe_dump(invalid_body(case, namespace)))
-    server = server_dry_run(cluster, path, namespace)
-    local = validate(path)
+    server, local = both(cluster, path, namespace)
     assert server.returncode != 0, server.stdout
     assert local.returncode != 0, local.stdout
     assert SERVER_FIELD.get(case, INVALID[case][1]) in server.stderr, server.stderr
@@ -115,7 +123,7 @@ def test_names_that_cannot_name_the_children_are_refused_by_both(
     body["metadata"]["name"] = NAMES[case]
     path = tmp_path / "isvc.yaml"
     path.write_text(yaml.safe_dump(body))
-    server, local = server_dry_run(cluster, path, namespace), validate(path)
+    server, local = both(cluster, path, namespace)
     assert server.returncode != 0 and local.returncode != 0
     assert "metadata.name" in server.stderr and "metadata.name" in local.stderr
 
@@ -131,6 +139,6 @@ def test_rules_see_the_defaults_on_both_sides(
         changes: dict[str, Any]) -> None:
     path = tmp_path / "isvc.yaml"
     path.write_text(yaml.safe_dump(example("iris", namespace=namespace, **changes)))
-    server, local = server_dry_run(cluster, path, namespace), validate(path)
+    server, local = both(cluster, path, namespace)
     assert server.returncode == 0, server.stderr
     assert local.returncode == 0, local.stderr
