@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runtime = load_runtime(settings)
     except ModelLoadError as exc:
-        print(f"tailguard-runtime: {model_cause(exc)}: {exc}", file=sys.stderr)
+        why = f"{model_cause(exc)}: {exc}"
+        print(f"tailguard-runtime: {why}", file=sys.stderr)
         if args.termination_log:
-            _write_termination_log(args.termination_log, f"{model_cause(exc)}: {exc}")
+            _write_termination_log(args.termination_log, why)
         return 2
     try:
         sock = bind_socket(args.host, args.port)

@@ -40,7 +40,7 @@ import numpy as np
 
 from tailguard_runtime import forests, sources
 from tailguard_runtime.errors import InvalidInput, ModelLoadError
-from tailguard_runtime.settings import DEFAULT_MAX_BYTES
+from tailguard_runtime.settings import DEFAULT_MAX_BYTES, PVC_ROOT_ENV
 from tailguard_runtime.sources import FetchSettings
 from tailguard_runtime.uris import URL_SCHEMES, shown
 
@@ -327,8 +327,6 @@ def _train_builtin(uri: str, dataset: str, estimator: str, query: dict[str, list
 
 CLAIM_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 """A PersistentVolumeClaim's name (a DNS-1123 subdomain, as the CRD's pattern has it)."""
-PVC_ROOT_ENV = "TAILGUARD_PVC_ROOT"
-"""Where the operator mounts each claim a ``pvc://`` model names, one folder per claim."""
 
 
 def claim_path(uri: str, claim: str, path: str) -> Path:

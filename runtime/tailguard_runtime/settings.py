@@ -143,6 +143,13 @@ _CONNECTION_KEYS = (("maxConnections", "max_connections"),
 """The ``connections`` block's camelCase keys and the :class:`ConnectionSettings` fields."""
 
 
+MODEL_CACHE_ENV = "TAILGUARD_MODEL_CACHE"
+"""Where URL models are cached (:meth:`tailguard_runtime.sources.FetchSettings.from_env`)."""
+MODEL_CA_FILE_ENV = "TAILGUARD_MODEL_CA_FILE"
+"""A PEM bundle a URL model's download trusts besides the public CAs."""
+PVC_ROOT_ENV = "TAILGUARD_PVC_ROOT"
+"""Where the operator mounts each claim a ``pvc://`` model names, one folder per claim."""
+
 DEFAULT_MAX_BYTES = 1 << 30
 """``model.maxBytes`` when the spec names none: 1 GiB, above any scikit-learn model we have
 met (the reference 100-tree forest is a few MB) and small enough to fail fast on a wrong URL."""

@@ -42,6 +42,7 @@ import certifi
 import httpx
 
 from tailguard_runtime.errors import ModelFetchError, ModelLoadError
+from tailguard_runtime.settings import MODEL_CA_FILE_ENV, MODEL_CACHE_ENV
 from tailguard_runtime.uris import URL_SCHEMES, shown
 
 logger = logging.getLogger(__name__)
@@ -79,11 +80,10 @@ class FetchSettings:
             ModelLoadError: a timeout or attempt count that is not a positive number.
         """
         env = os.environ if environ is None else environ
-        cache = env.get("TAILGUARD_MODEL_CACHE") or str(
+        cache = env.get(MODEL_CACHE_ENV) or str(
             Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tailguard" / "models")
         made = cls(cache_dir=Path(cache),
-                   ca_file=Path(env["TAILGUARD_MODEL_CA_FILE"])
-                   if env.get("TAILGUARD_MODEL_CA_FILE") else None)
+                   ca_file=Path(env[MODEL_CA_FILE_ENV]) if env.get(MODEL_CA_FILE_ENV) else None)
         stall = env.get("TAILGUARD_MODEL_STALL_TIMEOUT_S")
         attempts = env.get("TAILGUARD_MODEL_FETCH_ATTEMPTS")
         try:

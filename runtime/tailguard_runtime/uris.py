@@ -17,6 +17,12 @@ def is_url(uri: str) -> bool:
     return urlsplit(uri).scheme in URL_SCHEMES
 
 
+def claim_of(uri: str) -> str | None:
+    """The PersistentVolumeClaim a ``pvc://CLAIM/path`` model names, else ``None``."""
+    parts = urlsplit(uri)
+    return parts.netloc if parts.scheme == "pvc" else None
+
+
 def shown(uri: str) -> str:
     """An http(s) ``uri`` without user info, query string and fragment; any other URI as it
     is. A port that is not a number is left out (the fetch refuses such a URL)."""

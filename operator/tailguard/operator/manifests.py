@@ -23,8 +23,13 @@ from typing import Any, Mapping
 
 from tailguard.operator.settings import OperatorSettings
 from tailguard.spec import resource
-from tailguard_runtime.settings import DEFAULT_MAX_BYTES
-from tailguard_runtime.uris import is_url
+from tailguard_runtime.settings import (
+    DEFAULT_MAX_BYTES,
+    MODEL_CA_FILE_ENV,
+    MODEL_CACHE_ENV,
+    PVC_ROOT_ENV,
+)
+from tailguard_runtime.uris import claim_of, is_url
 
 ROLES = ("primary", "fallback")
 PORT = 8080
@@ -126,11 +131,6 @@ def cluster_problems(isvc: resource.InferenceService) -> list[str]:
             problems.append(f"{field}.sha256: required in a cluster for a {scheme}:// model "
                             f"({ref.uri})")
     return problems
-
-
-def claim_of(uri: str) -> str | None:
-    """The PersistentVolumeClaim a ``pvc://CLAIM/path`` model names, else ``None``."""
-    return uri[len("pvc://"):].partition("/")[0] if uri.startswith("pvc://") else None
 
 
 def _model_volumes(ref: resource.ModelRef) -> list[dict[str, Any]]:
@@ -239,11 +239,11 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "env": [*({"name": var, "value": "1"}
                   for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")),
-                *([{"name": "TAILGUARD_MODEL_CACHE", "value": MODEL_CACHE_DIR}]
+                *([{"name": MODEL_CACHE_ENV, "value": MODEL_CACHE_DIR}]
                   if is_url(ref.uri) else []),
-                *([{"name": "TAILGUARD_MODEL_CA_FILE", "value": f"{MODEL_CA_DIR}/{MODEL_CA_KEY}"}]
+                *([{"name": MODEL_CA_FILE_ENV, "value": f"{MODEL_CA_DIR}/{MODEL_CA_KEY}"}]
                   if ref.ca_config_map else []),
-                *([{"name": "TAILGUARD_PVC_ROOT", "value": PVC_ROOT}]
+                *([{"name": PVC_ROOT_ENV, "value": PVC_ROOT}]
                   if claim_of(ref.uri) else [])],
         "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request},
                       "limits": {"memory": settings.memory_limit}},
