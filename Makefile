@@ -45,13 +45,15 @@ up: install
 KUBE_VERSION ?= v1.37.2
 
 # hack/kube/build.py prints progress on stderr and the folder of binaries on stdout; without Go
-# it stops with one line saying so. Two pytest-xdist workers: the control-plane tests in one
-# (one control plane), the other modules shared between both (tests/conftest.py groups them).
+# it stops with one line saying so. Three pytest-xdist workers (most tests wait on timers, the
+# cluster and other processes more than they compute): the tests on the real node in one, those
+# that need only a control plane in another (each starts one), the other modules shared between
+# all three (tests/harness/groups.py groups them).
 test: install-test
 	@python3 hack/image/build.py >/dev/null && \
 	bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" \
-	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -n 2 --dist loadgroup
+	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -n 3 --dist loadgroup
 
 test-kube: install-test
 	@python3 hack/image/build.py >/dev/null && \

@@ -5,7 +5,7 @@ The suite has three folders: ``unit/`` (in-process, mirroring the source tree), 
 Kubernetes control plane, marked ``cluster``: ``make test-kube`` runs only those). Helpers live
 in the package ``harness``. Here: the state dir every test runs with, the Helm binaries (the
 chart tests in ``process/`` and ``cluster/`` both use them) and the rules that keep cluster
-tests in ``cluster/`` and group them on one pytest-xdist worker.
+tests in ``cluster/`` and group them on pytest-xdist workers.
 
 The chart promises Helm 3 and Helm 4, so every Helm test runs under both. They are found
 through ``$HELM`` / ``$HELM3`` or ``helm`` / ``helm3`` on ``PATH``; ``scripts/install-helm.sh``
@@ -24,6 +24,7 @@ import pytest
 
 from harness import REPO
 from harness.chart import INSTALL_HINT, Helm
+from harness.groups import xdist_group_of
 
 CLUSTER_DIR = REPO / "tests" / "cluster"
 
@@ -79,12 +80,12 @@ def helm4(helm_binaries: dict[int, str], tmp_path: Path) -> Helm:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test in ``cluster/`` is marked ``cluster``, and a test elsewhere that uses the
     control plane is an error. Under pytest-xdist's ``--dist loadgroup`` (what ``make test``
-    runs): every test that
-    uses the control plane goes to one worker, so a session starts one control plane, and the
-    other tests go module by module, so a module's server fixtures start once. First among
-    the hooks: xdist's worker reads the groups in its own ``pytest_collection_modifyitems``,
-    which otherwise runs before this one and finds none. The tests on the real node run after
-    the others, so its start overlaps them (:class:`harness.kube.controlplane.ControlPlane`)."""
+    runs): the tests that use the control plane go to two workers, one per group
+    (:func:`harness.groups.xdist_group_of`), so each of those sessions starts one control plane, and the other tests
+    go module by module, so a module's server fixtures start once. First among the hooks:
+    xdist's worker reads the groups in its own ``pytest_collection_modifyitems``, which
+    otherwise runs before this one and finds none. The tests on the real node run after the
+    others, so its start overlaps them (:class:`harness.kube.controlplane.ControlPlane`)."""
     misplaced = []
     for item in items:
         in_cluster_dir = item.path.is_relative_to(CLUSTER_DIR)
@@ -94,8 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if in_cluster_dir:
             item.add_marker(pytest.mark.cluster)
         if config.pluginmanager.hasplugin("xdist"):
-            group = "kube" if uses_cluster else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item, uses_cluster)))
     if misplaced:
         raise pytest.UsageError("tests that use the control plane belong in tests/cluster/: "
                                 + ", ".join(misplaced))

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import pytest
 
+from harness.groups import NODE_GROUP
 from harness.hack import load
 from harness.kube.audit import AuditLog
 from harness.kube.client import ApiError, Client, wait_for
@@ -37,19 +38,39 @@ from harness.scene import Scene
 KUBE_VERSION = os.environ.get("TAILGUARD_KUBE_VERSION", load("build").DEFAULT_TAG)
 
 
+FIRST: list[pytest.Item] = []
+"""The first test here that this session sets up."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not FIRST:
+        FIRST.append(item)
+
+
+def _needs_node_first() -> bool:
+    """Whether this session's first test here is in pytest-xdist's group of the real node's
+    tests (or in no group: one session runs them all). A worker whose first test here needs
+    only the control plane starts the real node only if a test asks for it
+    (:meth:`ControlPlane.wait_node`)."""
+    marker = FIRST[0].get_closest_marker("xdist_group") if FIRST else None
+    return marker is None or marker.args[0] == NODE_GROUP
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running cluster in its own network namespace: the control plane (etcd, API server,
     controller manager, scheduler), two kwok nodes, and one real node (containerd, kubelet,
     kube-proxy) with the project's images imported, which starts in the background
-    (:func:`node_namespace` waits for it)."""
+    (:func:`node_namespace` waits for it; on a worker of the control plane's group only once
+    a test asks for it)."""
     try:
         binaries = bindir(KUBE_VERSION)
         images = node_images()
         plane = ControlPlane(binaries, tmp_path_factory.mktemp("cluster"), KUBE_VERSION,
                              images=[images[n].archive for n in ("pause", "runtime", "operator")],
                              pause_image=images["pause"].ref)
-        plane.start()
+        plane.start(node=_needs_node_first())
     except (ControlPlaneError, NodeError, HolderError, ImageError) as exc:
         pytest.fail(f"no Kubernetes cluster: {exc}", pytrace=False)
     try:

@@ -22,7 +22,15 @@ import pytest
 from harness import REPO
 from harness.guard import busy_spec, forest_spec
 from harness.kube.client import wait_for
-from harness.onnode import RELEASE_NAMESPACE, TAILGUARD, Load, OnNode, failures, ready_since
+from harness.onnode import (
+    LONG_MS,
+    RELEASE_NAMESPACE,
+    TAILGUARD,
+    Load,
+    OnNode,
+    failures,
+    ready_since,
+)
 from tailguard.spec import resource
 
 pytestmark = pytest.mark.cluster
@@ -40,9 +48,12 @@ def stamp(value: str) -> float:
 def slow_digits(node: OnNode, primaries: int = 2) -> None:
     """``examples/slow-digits.yaml`` with traffic on the primary, ``primaries`` Ready primary
     pods (scaled as the HPA would) and one fallback pod, so a rollback must raise the
-    fallback before the Service moves."""
+    fallback before the Service moves. Deadlines of 5 s (:data:`LONG_MS`): the slow primary's
+    answers take a breaching 120 ms or more, and a CPU stall of the shared machine must not
+    turn them into 504s, which the tests would count as requests the rollback lost."""
     node.apply(REPO / "examples" / "slow-digits.yaml")
-    node.patch(SLOW, {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 4}})
+    node.patch(SLOW, {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 4},
+                      "batching": {"timeoutMs": LONG_MS}})
     node.wait_serving(SLOW)
     for role, replicas in (("primary", primaries), ("fallback", 1)):
         node.cluster.kubectl("scale", "-n", node.namespace, f"deployment/{SLOW}-{role}",

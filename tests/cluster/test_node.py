@@ -17,6 +17,7 @@ from harness import REPO
 from harness.kube.client import wait_for
 from harness.kube.images import node_images
 from harness.onnode import (
+    LONG_MS,
     OnNode,
     failures,
     is_ready,
@@ -37,9 +38,10 @@ def iris(node: OnNode, primaries: int = 1) -> None:
     Ready primary pods (scaled as the HPA would scale it) and one fallback pod."""
     node.apply(REPO / "examples" / "iris.yaml")
     # The SLO guard judges iris but does not act: these tests move traffic themselves, and a
-    # random forest under load on a busy 2-core machine may well break a 25 ms p99.
+    # random forest under load on a busy 2-core machine may well break a 25 ms p99. Deadlines
+    # of LONG_MS, not the default 1 s.
     node.patch("iris", {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 5},
-                        "rollback": {"automatic": False}})
+                        "rollback": {"automatic": False}, "batching": {"timeoutMs": LONG_MS}})
     node.wait_serving("iris")
     node.cluster.kubectl("scale", "-n", node.namespace, "deployment/iris-primary",
                          f"--replicas={primaries}")

@@ -33,6 +33,10 @@ RELEASE_NAMESPACE = "tailguard-node-system"
 TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
               "effect": TAINT["effect"]}
 TAILGUARD = Path(sys.executable).with_name("tailguard")
+LONG_MS = 5000
+"""``batching.timeoutMs`` of the InferenceServices that the real node's tests load: the tests
+count requests lost to pods that move, start or die, and under the default deadline (1 s) a
+stall of the shared 2-core machine would add 504s that say nothing of those."""
 
 
 def chart_values(namespace: str, images: Mapping[str, Image]) -> dict[str, Any]:

@@ -127,8 +127,9 @@ class ControlPlane:
         """Path of one of the built binaries."""
         return str(self.bindir / name)
 
-    def start(self) -> None:
-        """Start every component and wait until the cluster is usable.
+    def start(self, node: bool = True) -> None:
+        """Start every component and wait until the cluster is usable; with ``node`` (and
+        :attr:`images`), begin the real node's start in the background (:meth:`start_node`).
 
         Raises:
             ControlPlaneError: a component exited or did not become ready in time.
@@ -149,16 +150,23 @@ class ControlPlane:
             self._create_nodes()
             self._wait(deadline, "the default ServiceAccount", self._default_service_account)
             self._wait(deadline, "Ready kwok nodes", self._nodes_ready)
-            if self.images is not None:
-                assert self._authority is not None
-                self.node = Node(self.holder, self.bindir, self.workdir / "node",
-                                 self._authority, INNER_URL, self.pause_image, self.images)
-                self._node_start = threading.Thread(target=self._start_node, daemon=True,
-                                                    name="real-node-start")
-                self._node_start.start()
+            if node and self.images is not None:
+                self.start_node()
         except BaseException:
             self.stop()
             raise
+
+    def start_node(self) -> None:
+        """Begin the real node's start in a thread of its own (:meth:`wait_node` waits for
+        it); nothing when it has begun already or there are no :attr:`images`."""
+        if self._node_start is not None or self.images is None:
+            return
+        assert self.holder is not None and self._authority is not None
+        self.node = Node(self.holder, self.bindir, self.workdir / "node", self._authority,
+                         INNER_URL, self.pause_image, self.images)
+        self._node_start = threading.Thread(target=self._start_node, daemon=True,
+                                            name="real-node-start")
+        self._node_start.start()
 
     def _start_node(self) -> None:
         """The node start's thread. It lives until :meth:`stop` has ended the node: Linux ends
@@ -174,12 +182,13 @@ class ControlPlane:
         self._node_released.wait()
 
     def wait_node(self) -> Node:
-        """The real node, once its start (begun by :meth:`start`) has ended.
+        """The real node, once its start has ended (begun here when :meth:`start` did not).
 
         Raises:
             NodeError: this control plane has no real node, or it failed to start (the cause
                 attached).
         """
+        self.start_node()
         if self.node is None or self._node_start is None:
             raise NodeError("this control plane was started without a real node")
         if not self._node_started.wait(NODE_START_TIMEOUT_S + 60):
