@@ -62,6 +62,15 @@ class ConnectionSettings:
     keep_alive_s: float = 30.0
     """``keepAliveSeconds``: an idle connection (just opened, or between requests) is closed
     after this many seconds."""
+    max_connection_age_s: float = 10.0
+    """``maxConnectionAgeSeconds``: an inference answer on a connection open longer than this
+    (each connection's age drawn within ±10%, so that clients connected together do not all
+    reconnect together) says ``Connection: close``, and the client's next request opens a new
+    connection. Behind a Service, that new connection goes where traffic goes now: to the
+    fallback's pods after a rollback (the kubelet passes the switch on to the pods that
+    traffic left only at its next sync of the pod, up to a minute or more later), and to the
+    pods a scale-out added. The name and the jitter are gRPC's ``MAX_CONNECTION_AGE``
+    (gRFC A9, "Server-side Connection Management"), where the age has no default."""
     request_head_timeout_s: float = 10.0
     """``requestHeadTimeoutSeconds``: a request's head must be complete this many seconds after
     its first byte (408, then close)."""
@@ -99,6 +108,8 @@ class ConnectionSettings:
             max_connections_per_address=(None if raw.get("maxConnectionsPerAddress") is None
                                          else int(raw["maxConnectionsPerAddress"])),
             keep_alive_s=float(raw.get("keepAliveSeconds", cls.keep_alive_s)),
+            max_connection_age_s=float(raw.get("maxConnectionAgeSeconds",
+                                               cls.max_connection_age_s)),
             request_head_timeout_s=float(raw.get("requestHeadTimeoutSeconds",
                                                  cls.request_head_timeout_s)),
             request_body_timeout_s=float(raw.get("requestBodyTimeoutSeconds",
@@ -114,6 +125,7 @@ class ConnectionSettings:
                            ("maxConnectionsPerAddress", 1 if made.max_connections_per_address
                             is None else made.max_connections_per_address),
                            ("keepAliveSeconds", made.keep_alive_s),
+                           ("maxConnectionAgeSeconds", made.max_connection_age_s),
                            ("requestHeadTimeoutSeconds", made.request_head_timeout_s),
                            ("requestBodyTimeoutSeconds", made.request_body_timeout_s),
                            ("sendStallTimeoutSeconds", made.send_stall_timeout_s),
@@ -134,6 +146,7 @@ class ConnectionSettings:
 _CONNECTION_KEYS = (("maxConnections", "max_connections"),
                     ("maxConnectionsPerAddress", "max_connections_per_address"),
                     ("keepAliveSeconds", "keep_alive_s"),
+                    ("maxConnectionAgeSeconds", "max_connection_age_s"),
                     ("requestHeadTimeoutSeconds", "request_head_timeout_s"),
                     ("requestBodyTimeoutSeconds", "request_body_timeout_s"),
                     ("sendStallTimeoutSeconds", "send_stall_timeout_s"),

@@ -46,7 +46,7 @@ from tailguard_runtime.http.browsers import browser_refusal
 from tailguard_runtime.http.control import add_control_routes
 from tailguard_runtime.http.decoding import DecodeQueue
 from tailguard_runtime.http.errors import as_tailguard_error, asgi_error, error_response
-from tailguard_runtime.http.protocol import CLIENT_GONE
+from tailguard_runtime.http.protocol import CLIENT_GONE, RETIRING
 from tailguard_runtime.metrics import DECODE_QUEUE_BYTES, REFUSALS_DELAYED
 from tailguard_runtime.models import Predictor, check_input_range
 from tailguard_runtime.service import Runtime, ServedModel
@@ -272,7 +272,7 @@ class InferenceApp:
                 payload = encode_v1(outputs[0])
         except TailguardError as exc:
             await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
-                             close=body is None and _has_body(scope),
+                             close=(body is None and _has_body(scope)) or RETIRING in scope,
                              timeout_s=timeout_s if served is not None else None,
                              client=scope.get("client"))
             return
@@ -282,7 +282,8 @@ class InferenceApp:
                              TailguardError(f"internal error: {type(exc).__name__}"),
                              arrival, perf_counter(), admitted)
             return
-        headers = self.headers[served.role][0 if runtime.keep_alive else 1]
+        keep = runtime.keep_alive and RETIRING not in scope
+        headers = self.headers[served.role][0 if keep else 1]
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
         await send({"type": "http.response.body", "body": payload})

@@ -21,6 +21,12 @@ descriptor (sockets that send nothing, or one header line at a time).
 * a deadline for such a client (``send_stall_timeout_s`` while its answers stay unread, or the
   write buffer stays above its high-water mark): close.
 
+And one bound on time that closes nothing itself: a connection open longer than its age
+(``max_age_s``, ``maxConnectionAgeSeconds``, drawn within ±10% per connection) marks its
+requests retiring (:data:`~tailguard_runtime.http.protocol.RETIRING` in their scope), and the
+app answers them ``Connection: close``. Behind a Service, the client's next connection goes
+where traffic goes now.
+
 The limits, and what the connections share, are a :class:`~tailguard_runtime.http.pool.ConnectionPool`
 that each protocol instance is given (as uvicorn's ``ServerState``). The idle, head and body
 deadlines are checked by one sweep over the connections (see
@@ -46,6 +52,7 @@ import asyncio
 import fcntl
 import functools
 import logging
+import random
 import struct
 import termios
 from typing import Any, Callable
@@ -53,7 +60,7 @@ from typing import Any, Callable
 from tailguard_runtime.errors import TailguardError
 from tailguard_runtime.http.errors import raw_error
 from tailguard_runtime.http.pool import ConnectionPool
-from tailguard_runtime.http.protocol import JsonHttpProtocol
+from tailguard_runtime.http.protocol import RETIRING, JsonHttpProtocol
 from tailguard_runtime.settings import ConnectionSettings
 
 logger = logging.getLogger(__name__)
@@ -61,6 +68,11 @@ logger = logging.getLogger(__name__)
 FEED_SLICE_BYTES = 4096
 """Bytes handed to the HTTP parser at a time when more arrived at once, so that pipelined
 requests are counted as they are parsed (one 4 KiB slice holds at most about 200)."""
+
+AGE_JITTER = 0.1
+"""Each connection's age is ``max_age_s`` times a factor drawn uniformly within 1 ± this, so
+that the connections of clients that connected together do not all retire together (gRFC A9,
+"Server-side Connection Management": ±10% on ``MAX_CONNECTION_AGE``)."""
 
 MAX_UNREAD_BYTES = 64 * 1024
 """Bytes of answers a client may leave unread in the kernel's send queue before the server
@@ -107,6 +119,7 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
         self._fd: int | None = None  # the socket's, looked up when first needed
         self._body_seen = 0  # bytes of the current request's body parsed so far
         self._address: str | None = None  # the client's address, counted in the pool
+        self._retire_at = 0.0  # loop time from which its requests are answered with close
 
     # -- connections ---------------------------------------------------------------------
 
@@ -125,7 +138,9 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
             victim.transport.close()
             pool.closed(victim, "evicted", self.loop.time())
         pool.mark_idle(self)
-        self._idle_deadline = self.loop.time() + pool.keep_alive_s
+        now = self.loop.time()
+        self._idle_deadline = now + pool.keep_alive_s
+        self._retire_at = now + pool.max_age_s * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
         if len(self.connections) > pool.max_connections:
             self._make_room()
         pool.watch(self.loop, self.connections)
@@ -294,8 +309,11 @@ class BoundedHttpToolsProtocol(JsonHttpProtocol):
         self._head_deadline = 0.0
         self.pool.unmark_idle(self)
         super().on_headers_complete()
-        self._body_deadline = self.loop.time() + self.pool.body_timeout_s
+        now = self.loop.time()
+        self._body_deadline = now + self.pool.body_timeout_s
         self._body_seen = 0
+        if now >= self._retire_at and not self.parser.should_upgrade():  # a new scope
+            self.scope[RETIRING] = True  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
         self._body_seen += len(body)

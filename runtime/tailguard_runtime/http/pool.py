@@ -136,6 +136,7 @@ class ConnectionPool:
                  count_refusal: Callable[[TailguardError], None] | None = None) -> None:
         self.max_connections = settings.max_connections or default_max_connections()
         self.keep_alive_s = settings.keep_alive_s
+        self.max_age_s = settings.max_connection_age_s
         self.head_timeout_s = settings.request_head_timeout_s
         self.body_timeout_s = settings.request_body_timeout_s
         self.stall_timeout_s = settings.send_stall_timeout_s

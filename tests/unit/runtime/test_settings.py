@@ -17,16 +17,19 @@ def test_connection_bounds_default_when_the_block_is_absent() -> None:
 
 def test_connection_bounds_are_read_in_their_units() -> None:
     settings = RuntimeSettings.from_config({"name": "iris", "models": MODELS, "connections": {
-        "maxConnections": 48, "keepAliveSeconds": 2, "requestHeadTimeoutSeconds": 1.5,
+        "maxConnections": 48, "keepAliveSeconds": 2, "maxConnectionAgeSeconds": 5,
+        "requestHeadTimeoutSeconds": 1.5,
         "requestBodyTimeoutSeconds": 3, "sendStallTimeoutSeconds": 4,
         "maxPipelinedRequests": 8, "refusalsPerSecond": 5, "refusalDelaySeconds": 0.5}})
     assert settings.connections == ConnectionSettings(
-        max_connections=48, keep_alive_s=2.0, request_head_timeout_s=1.5,
+        max_connections=48, keep_alive_s=2.0, max_connection_age_s=5.0,
+        request_head_timeout_s=1.5,
         request_body_timeout_s=3.0, send_stall_timeout_s=4.0, max_pipelined=8,
         refusals_per_s=5.0, refusal_delay_s=0.5)
 
 
-@pytest.mark.parametrize("key", ["maxConnections", "requestHeadTimeoutSeconds",
+@pytest.mark.parametrize("key", ["maxConnections", "maxConnectionAgeSeconds",
+                                 "requestHeadTimeoutSeconds",
                                  "maxPipelinedRequests", "refusalsPerSecond",
                                  "refusalDelaySeconds"])
 def test_a_bound_that_is_not_positive_is_refused_naming_it(key: str) -> None:
