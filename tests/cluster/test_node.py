@@ -156,7 +156,11 @@ def test_a_new_primary_model_rolls_out_under_load_without_a_failed_request(
     wait_for(lambda: [p for p in node.ready_pods("iris", "primary") if _checksum(p) == new],
              timeout=120, what="a Ready pod of the new model")
     new_pods = [p for p in node.ready_pods("iris", "primary") if _checksum(p) == new]
-    records = load.stop(at=time.time() + 6)
+    # kept-alive clients reach the new pod once the old one leaves (preStop: Connection:
+    # close) or their connection retires (maxConnectionAgeSeconds): seconds on a busy machine
+    wait_for(lambda: any(node.answered(p) > 0 for p in new_pods), timeout=90,
+             what="an answer from the new model's pod")
+    records = load.stop(at=time.time() + 2)
 
     assert failures(records) == []
     models = [(r["sent"], r["model"]) for r in records]

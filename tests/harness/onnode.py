@@ -26,6 +26,7 @@ from harness.kube.images import Image
 from harness.kube.install import CHART, Installation, helm, install
 from harness.kube.node import LABELS, TAINT
 from harness.kube.node import NAME as NODE_NAME
+from tailguard.operator.manifests import PORT
 from tailguard.spec import resource
 
 RELEASE = "tailguard-node"
@@ -229,6 +230,16 @@ class OnNode:
         script = ("import sys, urllib.request\n"
                   "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n")
         return str(self.holder.run([sys.executable, "-c", script, url]).stdout)
+
+    def answered(self, pod: dict[str, Any]) -> float:
+        """Inference requests ``pod``'s runtime has answered (``tailguard_requests_total``,
+        every status), read from its /metrics on its pod IP; 0 while it cannot be read."""
+        try:
+            text = self.fetch(f"http://{pod['status']['podIP']}:{PORT}/metrics")
+        except (KeyError, subprocess.CalledProcessError):
+            return 0.0
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("tailguard_requests_total{"))
 
     def operator_pods(self) -> list[dict[str, Any]]:
         """The Ready operator pods of the real node's release (not terminating)."""
