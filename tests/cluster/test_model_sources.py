@@ -25,7 +25,7 @@ from harness.kube.client import wait_for
 from harness.kube.holder import NODE_IP
 from harness.kube.pki import Authority
 from harness.modelserver import joblib_bytes, sha256_of
-from harness.onnode import OnNode
+from harness.onnode import LONG_MS, OnNode
 from harness.scene import example
 from tailguard_runtime.models import load_dataset
 
@@ -69,6 +69,7 @@ def test_an_https_model_is_downloaded_in_its_pod_and_each_failure_is_named(
                        "metadata": {"name": "model-ca", "namespace": node.namespace},
                        "data": {"ca.crt": ca.read_text()}})
     body = example("iris", node.namespace, traffic="primary", rollback={"automatic": False},
+                   batching={"timeoutMs": LONG_MS},
                    model={"uri": f"{url}?sig=secret", "sha256": sha256_of(data),
                           "caConfigMap": "model-ca"},
                    fallback={"uri": "builtin://iris/logistic-regression"})
@@ -177,6 +178,7 @@ def served_by(node: OnNode, name: str) -> tuple[str, str]:
 def test_models_on_a_claim_serve_roll_back_and_forward_and_a_missing_claim_is_named(
         node: OnNode, claim: dict[str, str]) -> None:
     body = example("iris", node.namespace, traffic="primary", rollback={"automatic": False},
+                   batching={"timeoutMs": LONG_MS},
                    model={"uri": "pvc://models/forest.joblib", "sha256": claim["forest.joblib"]},
                    fallback={"uri": "pvc://models/linear.joblib",
                              "sha256": claim["linear.joblib"]})
