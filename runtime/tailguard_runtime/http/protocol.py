@@ -85,9 +85,9 @@ request's connection has closed: the app drops a body waiting for the decode thr
 does (:class:`~tailguard_runtime.http.decoding.DecodeQueue`)."""
 
 RETIRING = "tailguard.retiring"
-"""The scope key, set on each request's ASGI scope by the connection bounds, that is true
-when the request's connection has outlived its age (``maxConnectionAgeSeconds``): the app
-answers it with ``Connection: close``."""
+"""The scope key the connection bounds set (to ``True``) on the ASGI scope of a request whose
+connection has outlived its age (``maxConnectionAgeSeconds``): the app answers an inference
+request that has it with ``Connection: close``."""
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 """The interim answer uvicorn writes before the response, for ``Expect: 100-continue``."""
