@@ -3,8 +3,9 @@
 It measures the load generator's own ceiling (benchmarks/run.py and the README's number run against
 it) and serves the load generator's tests: ``GET /v2/models/NAME`` answers Open Inference
 Protocol v2 model metadata (``--features`` FP64 inputs, ``parameters.uri`` a builtin digits
-model unless ``--uri`` names another, so that ``tailguard bench`` finds rows); other GETs
-answer 404. For the load generator's tests it can also misbehave on purpose:
+model unless ``--uri`` names another, so that ``tailguard bench`` finds rows); ``GET /posts``
+answers ``{"posts": N}``, the POSTs received so far (a test waits on it instead of a clock);
+other GETs answer 404. For the load generator's tests it can also misbehave on purpose:
 
 * ``--stall-at T --stall-seconds S``: stall once, T seconds after the first POST: no answer
   leaves for S seconds, then the held answers go out (a long GC pause, a blocked event loop);
@@ -29,14 +30,19 @@ RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-lengt
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 21\r\n\r\n{\"error\":\"not found\"}"
 
 
-def metadata_response(name: str, features: int, uri: str) -> bytes:
-    """A 200 with v2 model metadata for ``name``: one FP64 input ``[-1, features]``."""
-    body = json.dumps({"name": name, "versions": ["1"], "platform": "null",
-                       "inputs": [{"name": "input-0", "datatype": "FP64",
-                                   "shape": [-1, features]}],
-                       "parameters": {"uri": uri}}).encode()
+def json_response(doc: object) -> bytes:
+    """A 200 whose body is ``doc`` as JSON."""
+    body = json.dumps(doc).encode()
     return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def metadata_response(name: str, features: int, uri: str) -> bytes:
+    """A 200 with v2 model metadata for ``name``: one FP64 input ``[-1, features]``."""
+    return json_response({"name": name, "versions": ["1"], "platform": "null",
+                          "inputs": [{"name": "input-0", "datatype": "FP64",
+                                      "shape": [-1, features]}],
+                          "parameters": {"uri": uri}})
 
 
 class Behaviour:
@@ -50,6 +56,7 @@ class Behaviour:
         self.stall_at_s, self.stall_s = stall_at_s, stall_s
         self.first = 0.0
         self.free_at = 0.0  # serial: when the one worker is next free
+        self.posts = 0  # POSTs received
 
     def leave_at(self, now: float) -> float:
         """When the answer to a POST arriving at ``now`` (monotonic s) may leave."""
@@ -104,9 +111,12 @@ class NullHandler(asyncio.Protocol):
             parts = path.strip("/").split("/")
             if len(parts) == 3 and parts[:2] == ["v2", "models"]:
                 self.transport.write(metadata_response(parts[2], b.features, b.uri))
+            elif path == "/posts":
+                self.transport.write(json_response({"posts": b.posts}))
             else:
                 self.transport.write(NOT_FOUND)
             return
+        b.posts += 1
         if not (b.delay_s or b.stall_at_s):
             self.transport.write(RESPONSE)
             return

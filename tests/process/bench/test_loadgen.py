@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -68,6 +69,18 @@ class NullServer:
         assert match, line
         self.port = int(match.group(1))
         self.url = f"http://127.0.0.1:{self.port}/v2/models/null"
+
+    def posts(self) -> int:
+        """POSTs the server has received (its ``GET /posts``)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/posts", timeout=10) as r:
+            return int(json.load(r)["posts"])
+
+    def wait_posts(self, count: int, timeout_s: float) -> None:
+        """Until the server has received ``count`` POSTs; fails the test after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (seen := self.posts()) < count:
+            assert time.monotonic() < deadline, f"{seen} POSTs in {timeout_s:g} s"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -235,7 +248,9 @@ def test_ctrl_c_ends_the_window_and_reports_what_ran(null_server: NullServer,
                              "--records", str(records), "--json", *ROOM],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with proc:
-        time.sleep(5.0)  # the interpreter's start, the metadata read, the warm-up, then load
+        # the interpreter's start, the metadata read and the 0.5 s warm-up (20 requests), then
+        # at least 20 requests of the measured window
+        null_server.wait_posts(40, timeout_s=60)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
