@@ -209,15 +209,22 @@ def test_a_rollout_whose_pods_cannot_start_keeps_traffic_and_says_why(node: OnNo
 
 def test_deleted_and_scaled_in_pods_lose_no_admitted_request(node: OnNode) -> None:
     """Under load, one of two primary pods is deleted (preStop, then drain), and then the
-    primary is scaled in to one pod, as its HPA would: every request is answered 200."""
+    primary is scaled in to one pod, as its HPA would: every request is answered 200. The
+    pod that replaces the deleted one gets traffic from the clients' kept-alive connections
+    too: those the deleted pod closed went to the pod that stayed, and they retire at their
+    age (``maxConnectionAgeSeconds``, 10 s), so the next ones spread over both."""
     iris(node, primaries=2)
     load = node.load("iris", rate=40, seconds=60, label="scale-in")
     time.sleep(5)
-    victim = node.ready_pods("iris", "primary")[0]["metadata"]["name"]
+    victim, stayed = (p["metadata"]["name"] for p in node.ready_pods("iris", "primary"))
     node.admin.delete("pods", node.namespace, victim)
     wait_for(lambda: len(node.ready_pods("iris", "primary")) == 2
              and victim not in {p["metadata"]["name"] for p in node.pods("iris", "primary")},
              timeout=60, what="the deleted pod replaced and gone")
+    (replacement,) = (p for p in node.ready_pods("iris", "primary")
+                      if p["metadata"]["name"] != stayed)
+    wait_for(lambda: node.answered(replacement) > 0, timeout=60,
+             what="kept-alive clients to reach the replacement pod")
     node.cluster.kubectl("scale", "-n", node.namespace, "deployment/iris-primary",
                          "--replicas=1")
     wait_for(lambda: len(node.pods("iris", "primary")) == 1, timeout=60,
