@@ -9,6 +9,7 @@ A long-running watch is logged when it starts and again when it ends.
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ class Write:
     """The request body (a create's object, a patch), where the policy logs it."""
     user_agent: str = ""
     """The request's ``User-Agent``."""
+    received: float = 0.0
+    """When the API server received the request (``requestReceivedTimestamp``), Unix s."""
 
     @property
     def target(self) -> str:
@@ -90,8 +93,16 @@ class AuditLog:
                                 code=int((event.get("responseStatus") or {}).get("code", 0)),
                                 uri=event.get("requestURI", ""),
                                 body=event.get("requestObject"),
-                                user_agent=event.get("userAgent", ""))
+                                user_agent=event.get("userAgent", ""),
+                                received=_unix(event.get("requestReceivedTimestamp")))
                 if (user is None or request.user == user) and \
                         (namespace is None or request.namespace == namespace):
                     found.append(request)
         return found
+
+
+def _unix(stamp: str | None) -> float:
+    """An audit event's RFC 3339 time (microseconds, ``Z``) as Unix seconds; 0 without one."""
+    if not stamp:
+        return 0.0
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
