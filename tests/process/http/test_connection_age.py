@@ -15,8 +15,9 @@ import pytest
 
 from harness.runtime import RuntimeServer, batching, read_response, running_runtime
 
-AGE_S = 1.0
-"""``maxConnectionAgeSeconds`` of the server here; each connection's own is within ±10%."""
+AGE_S = 2.0
+"""``maxConnectionAgeSeconds`` of the server here; each connection's own is within ±10%. Long
+enough that a busy machine answers a request well within it."""
 V1 = "/v1/models/iris:predict"
 
 
@@ -73,7 +74,7 @@ def test_answers_close_a_connection_past_its_age_and_the_next_one_is_served(
             assert closed_by_peer(sock), "the server kept the connection after saying close"
         finally:
             sock.close()
-        assert len(answers) >= 2, answers  # 0.9 s of requests every 20 ms or so were kept
+        assert len(answers) >= 2, answers  # requests every 20 ms or so until the age: kept
         assert all(connection is None for _, connection in answers[:-1]), answers
         assert answers[-1][0] >= 0.9 * AGE_S, answers[-1]  # never before its age
 
