@@ -87,11 +87,8 @@ def watch(node: OnNode, load: Load, name: str = SLOW,
 
 def rollbacks_counted(node: OnNode, name: str = SLOW) -> float:
     """``tailguard_rollbacks_total`` of ``name``, read from the operator pod's /metrics."""
-    ip = node.operator_pod()["status"]["podIP"]
-    text = node.fetch(f"http://{ip}:8081/metrics")
-    model = f'model="{node.namespace}/{name}"'
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("tailguard_rollbacks_total{") and model in line)
+    return node.counter(node.operator_pod()["status"]["podIP"], 8081,
+                        "tailguard_rollbacks_total", f'model="{node.namespace}/{name}"')
 
 
 def test_a_slow_primary_is_rolled_back_by_the_operator_under_load(node: OnNode) -> None:

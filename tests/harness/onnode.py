@@ -231,15 +231,24 @@ class OnNode:
                   "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n")
         return str(self.holder.run([sys.executable, "-c", script, url]).stdout)
 
+    def counter(self, ip: str, port: int, sample: str, label: str = "") -> float:
+        """The sum of ``sample``'s series whose labels contain ``label``, on the /metrics of
+        ``ip:port`` (a pod), read from inside the namespace.
+
+        Raises:
+            subprocess.CalledProcessError: no 200 answer.
+        """
+        text = self.fetch(f"http://{ip}:{port}/metrics")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(sample + "{") and label in line)
+
     def answered(self, pod: dict[str, Any]) -> float:
         """Inference requests ``pod``'s runtime has answered (``tailguard_requests_total``,
-        every status), read from its /metrics on its pod IP; 0 while it cannot be read."""
+        every status), read on its pod IP; 0 while it cannot be read."""
         try:
-            text = self.fetch(f"http://{pod['status']['podIP']}:{PORT}/metrics")
+            return self.counter(pod["status"]["podIP"], PORT, "tailguard_requests_total")
         except (KeyError, subprocess.CalledProcessError):
             return 0.0
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("tailguard_requests_total{"))
 
     def operator_pods(self) -> list[dict[str, Any]]:
         """The Ready operator pods of the real node's release (not terminating)."""
