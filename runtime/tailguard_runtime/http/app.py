@@ -46,7 +46,7 @@ from tailguard_runtime.http.browsers import browser_refusal
 from tailguard_runtime.http.control import add_control_routes
 from tailguard_runtime.http.decoding import DecodeQueue
 from tailguard_runtime.http.errors import as_tailguard_error, asgi_error, error_response
-from tailguard_runtime.http.protocol import CLIENT_GONE, RETIRING
+from tailguard_runtime.http.protocol import BODY_COMPLETE, CLIENT_GONE, RETIRING
 from tailguard_runtime.metrics import DECODE_QUEUE_BYTES, REFUSALS_DELAYED
 from tailguard_runtime.models import Predictor, check_input_range
 from tailguard_runtime.service import Runtime, ServedModel
@@ -245,7 +245,7 @@ class InferenceApp:
                                        "(tritonclient: binary_data=False)", 400)
                 if key == b"content-encoding":
                     encoding = value
-            body = await self._read_body(receive, arrival + timeout_s)
+            body = await self._read_body(receive, arrival + timeout_s, BODY_COMPLETE in scope)
             arrival = perf_counter()
             predictor = served.predictor
             if encoding is None and len(body) <= INLINE_DECODE_BYTES:
@@ -325,10 +325,12 @@ class InferenceApp:
         check_input_range(x, predictor, "instances")
         return x
 
-    async def _read_body(self, receive: Receive, deadline: float) -> bytes:
+    async def _read_body(self, receive: Receive, deadline: float, complete: bool) -> bytes:
         """The whole request body; a body in several parts must be complete by ``deadline``
         (``perf_counter`` seconds), so a client dribbling its upload cannot hold a connection
-        and a handler for ever.
+        and a handler for ever. ``complete``: the whole body has already been parsed
+        (:data:`~tailguard_runtime.http.protocol.BODY_COMPLETE`), so the first ``receive()``
+        returns at once and no timer is armed for it.
 
         Raises:
             PayloadTooLarge: the body grows past the limit.
@@ -337,8 +339,11 @@ class InferenceApp:
                 a part of a body is never run.
         """
         try:  # the wait for the first part too: a body that never starts has the same deadline
-            async with asyncio.timeout(max(deadline - perf_counter(), 0)):
+            if complete:
                 message = await receive()
+            else:
+                async with asyncio.timeout(max(deadline - perf_counter(), 0)):
+                    message = await receive()
         except TimeoutError:
             raise BodyTimeout("the request body did not arrive within the request's "
                               "deadline") from None

@@ -89,6 +89,11 @@ RETIRING = "tailguard.retiring"
 connection has outlived its age (``maxConnectionAgeSeconds``): the app answers an inference
 request that has it with ``Connection: close``."""
 
+BODY_COMPLETE = "tailguard.body_complete"
+"""The scope key set (to ``True``) on a request's ASGI scope once its whole body has been
+parsed: the app's first ``receive()`` then returns at once, and it arms no timer for a wait
+that cannot happen (most requests arrive in one read, before the app starts)."""
+
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 """The interim answer uvicorn writes before the response, for ``Expect: 100-continue``."""
 
@@ -303,6 +308,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
         self.in_message = False
         self.overhead_mark = self.fed - self.body_bytes
         if self.replay is None and self.cycle is not None:  # None: a first request refused
+            self.cycle.scope[BODY_COMPLETE] = True  # type: ignore[literal-required]
             super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
