@@ -15,7 +15,7 @@ from harness.kube.client import Client
 from harness.kube.controlplane import ControlPlane
 from harness.kube.install import Installation
 from harness.scene import example
-from tailguard.operator import kube
+from tailguard.operator import events, kube
 from tailguard.spec import resource
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -127,3 +127,34 @@ def test_events_are_best_effort(connected: str, admin: Client,
     with caplog.at_level(logging.WARNING, logger="tailguard.operator.kube"):
         kube.post_event(elsewhere, type_="Warning", reason="X", message="y", now=NOW)
     assert "event not recorded" in caplog.text
+
+
+def test_a_repeated_event_raises_the_stored_ones_count(connected: str, admin: Client) -> None:
+    """As client-go's recorder does: the same object, type, reason and message make one
+    Event whose count and lastTimestamp move; one deleted meanwhile is created again; the
+    table is bounded, and a repeat the recorder has forgotten is a new Event."""
+    owner = admin.create(example(namespace=connected))
+    recorder = events.EventRecorder(max_remembered=2)
+    later = NOW + datetime.timedelta(minutes=3)
+
+    def flaps() -> list[tuple[str, int, str, str]]:
+        return sorted((e["message"], e["count"], e["firstTimestamp"], e["lastTimestamp"])
+                      for e in admin.list("events", connected) if e["reason"] == "Flap")
+
+    recorder.record(owner, type_="Warning", reason="Flap", message="a", now=NOW)
+    recorder.record(owner, type_="Warning", reason="Flap", message="a", now=later)
+    recorder.record(owner, type_="Warning", reason="Flap", message="b", now=later)
+    first, last = "2026-01-01T00:00:00Z", "2026-01-01T00:03:00Z"
+    assert flaps() == [("a", 2, first, last), ("b", 1, last, last)]
+
+    (stored_a,) = [e for e in admin.list("events", connected) if e["message"] == "a"]
+    admin.delete("events", connected, stored_a["metadata"]["name"])
+    recorder.record(owner, type_="Warning", reason="Flap", message="a", now=later)
+    assert flaps() == [("a", 1, last, last), ("b", 1, last, last)]
+
+    recorder.record(owner, type_="Warning", reason="Flap", message="c", now=later)  # b goes
+    assert len(recorder) == 2
+    recorder.record(owner, type_="Warning", reason="Flap", message="b", now=later)  # a goes
+    recorder.record(owner, type_="Warning", reason="Flap", message="c", now=later)
+    assert flaps() == [("a", 1, last, last), ("b", 1, last, last), ("b", 1, last, last),
+                       ("c", 2, last, last)]

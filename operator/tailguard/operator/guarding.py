@@ -62,7 +62,7 @@ from tailguard.guard.record import (
     status_guard_patch,
 )
 from tailguard.guard.rollbacks import bind_rollbacks
-from tailguard.operator import kube, manifests
+from tailguard.operator import events, kube, manifests
 from tailguard.operator.cache import WatchCache
 from tailguard.operator.podindex import PodIndex, PodTarget
 from tailguard.operator.settings import OperatorSettings
@@ -322,8 +322,8 @@ class ClusterGuard:
         message = (f"automatic rollback to the fallback: {decision.reason} (roll forward with "
                    f"tailguard rollforward {name} --cluster)")
         self._say(namespace, name, message)
-        kube.post_event(body, type_="Warning", reason="AutomaticRollback", message=message,
-                        now=self._wall())
+        events.record(body, type_="Warning", reason="AutomaticRollback", message=message,
+                      now=self._wall())
 
     async def _may_write(self, namespace: str) -> bool:
         """Whether this replica is the active peer (for ``namespace``, or the cluster)."""

@@ -33,7 +33,7 @@ from prometheus_client import start_http_server
 
 from tailguard.guard.policy import model_identity
 from tailguard.guard.record import GuardRecord, rollback_in_effect
-from tailguard.operator import kube, manifests, reconcile
+from tailguard.operator import events, kube, manifests, reconcile
 from tailguard.operator.cache import WatchCache
 from tailguard.operator.guarding import ClusterGuard
 from tailguard.operator.memory import KnownServices, SeenChildren, resync_targets
@@ -233,14 +233,16 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
                    for role in manifests.ROLES}
     not_starting = {role: [pod.line() for pod in stuck] for role, stuck in
                     (pods.not_starting(namespace, name) if pods is not None else {}).items()}
+    outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
+                      conflicts=tuple(conflicts), refused=tuple(refused))
+    # before the status write that ends the pass: a pass cut short after its writes is run
+    # again from the old status, and announces again (a repeat raises the Event's count)
+    _announce(body, previous, outcome, now)
     write_status(body, lambda stored: build_status(
         stored, isvc, generation=generation, plan=plan, deployments=deployments,
         conflicts=conflicts, refused=refused, now=now,
         automatic=record.reason if automatic and isvc.traffic != "fallback" else None,
         not_starting=not_starting), cache)
-    outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
-                      conflicts=tuple(conflicts), refused=tuple(refused))
-    _announce(body, previous, outcome, now)
     return outcome
 
 
@@ -317,14 +319,13 @@ def _apply_child(desired: Mapping[str, Any], found: Mapping[str, Any] | None,
 def _refuse(body: Mapping[str, Any], previous: Mapping[str, Any], generation: int | None,
             message: str, now: datetime.datetime, cache: WatchCache | None) -> None:
     meta = body["metadata"]
-    if not write_status(body, lambda stored: invalid_status(
-            stored, generation=generation, message=message, now=now), cache):
-        return
     before = conditions.find_condition(previous, "Ready") or {}
     if before.get("reason") != "InvalidSpec" or not before.get("message", "").startswith(message):
         logger.warning("invalid spec service=%s/%s reason=%s", meta["namespace"], meta["name"],
                        message)
-        kube.post_event(body, type_="Warning", reason="InvalidSpec", message=message, now=now)
+        events.record(body, type_="Warning", reason="InvalidSpec", message=message, now=now)
+    write_status(body, lambda stored: invalid_status(
+        stored, generation=generation, message=message, now=now), cache)
 
 
 def _announce(body: Mapping[str, Any], previous: Mapping[str, Any], outcome: Outcome,
@@ -334,29 +335,31 @@ def _announce(body: Mapping[str, Any], previous: Mapping[str, Any], outcome: Out
     where = f"{meta['namespace']}/{meta['name']}"
     plan = outcome.plan
     assert plan is not None
-    events: list[tuple[str, str, str]] = []
-    if outcome.created:
-        first = previous.get("observedGeneration") is None
-        events.append(("Normal", "Created" if first else "Restored",
-                       ("created " if first else "recreated ") + ", ".join(outcome.created)))
+    said: list[tuple[str, str, str]] = []
+    first = previous.get("observedGeneration") is None  # no pass has ended for it yet
+    if first:
+        said.append(("Normal", "Created", "created " + (", ".join(outcome.created)
+                                                        or "its children")))
+    elif outcome.created:
+        said.append(("Normal", "Restored", "recreated " + ", ".join(outcome.created)))
     if outcome.patched and not plan.switched:
-        events.append(("Normal", "Configured", "patched " + ", ".join(outcome.patched)))
+        said.append(("Normal", "Configured", "patched " + ", ".join(outcome.patched)))
     if plan.switched:
-        events.append(("Normal", "RolledBack" if plan.active == "fallback" else "RolledForward",
+        said.append(("Normal", "RolledBack" if plan.active == "fallback" else "RolledForward",
                        plan.message))
     before = conditions.find_condition(previous, "RolledBack") or {}
     if plan.pending and not str(before.get("reason", "")).startswith("WaitingFor"):
-        events.append(("Normal", f"WaitingFor{plan.intent.capitalize()}", plan.message))
+        said.append(("Normal", f"WaitingFor{plan.intent.capitalize()}", plan.message))
     before_ready = conditions.find_condition(previous, "Ready") or {}
     if outcome.refused and before_ready.get("reason") != "ChildRefused":
-        events.append(("Warning", "ChildRefused", "the API server refused: "
+        said.append(("Warning", "ChildRefused", "the API server refused: "
                        + "; ".join(outcome.refused)))
     if outcome.conflicts and before_ready.get("reason") != "ChildConflict":
-        events.append(("Warning", "ChildConflict", "controlled by another owner, left alone: "
+        said.append(("Warning", "ChildConflict", "controlled by another owner, left alone: "
                        + ", ".join(outcome.conflicts)))
-    for type_, reason, message in events:
+    for type_, reason, message in said:
         logger.info("service=%s reason=%s %s", where, reason, message)
-        kube.post_event(body, type_=type_, reason=reason, message=message, now=now)
+        events.record(body, type_=type_, reason=reason, message=message, now=now)
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:

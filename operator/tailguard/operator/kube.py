@@ -266,30 +266,45 @@ def set_traffic(name: str, namespace: str | None, role: str, *,
                        field_manager=CLI_MANAGER)
 
 
+EVENT_MESSAGE_CHARS = 1024
+"""Longest Event message recorded, in characters (events.k8s.io/v1 holds an Event's note to
+1 kB)."""
+
+
+def event_stamp(now: datetime.datetime) -> str:
+    """``now`` as an Event timestamp: RFC 3339 in UTC, whole seconds."""
+    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def post_event(involved: Mapping[str, Any], *, type_: str, reason: str, message: str,
-               now: datetime.datetime) -> None:
-    """Record a core/v1 Event about ``involved`` (an object as returned by the API).
-    ``type_`` is ``Normal`` or ``Warning``. Best effort: a refusal is logged, not raised."""
+               now: datetime.datetime) -> str | None:
+    """Create a core/v1 Event about ``involved`` (an object as returned by the API);
+    ``type_`` is ``Normal`` or ``Warning``. Returns the stored Event's name, or None when the
+    API refused it. Best effort: a refusal is logged, not raised. (Repeats are folded by
+    :mod:`tailguard.operator.events`, which the operator records through.)"""
     meta = involved["metadata"]
-    stamp = now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = event_stamp(now)
     event = {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
         "involvedObject": {"apiVersion": involved.get("apiVersion", resource.API_VERSION),
                            "kind": involved.get("kind", resource.KIND), "name": meta["name"],
                            "namespace": meta["namespace"], "uid": meta.get("uid", "")},
-        "type": type_, "reason": reason, "message": message[:1024],
+        "type": type_, "reason": reason, "message": message[:EVENT_MESSAGE_CHARS],
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         "source": {"component": COMPONENT},
         "reportingComponent": f"{resource.GROUP}/operator",
         "reportingInstance": socket.gethostname()[:128],
     }
     try:
-        _request("POST", _path("Event", meta["namespace"]), body=event,
-                 field_manager=OPERATOR_MANAGER)
+        stored = _request("POST", _path("Event", meta["namespace"]), body=event,
+                          field_manager=OPERATOR_MANAGER)
     except KubeError as exc:
         logger.warning("event not recorded: object=%s/%s reason=%s error=%s",
                        meta["namespace"], meta["name"], reason, exc)
+        return None
+    name = (stored.get("metadata") or {}).get("name")
+    return str(name) if name else None
 
 
 def _path(kind: str, namespace: str, name: str | None = None) -> str:
