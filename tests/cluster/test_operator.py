@@ -399,8 +399,9 @@ def test_manual_rollback_moves_traffic_only_once_the_fallback_is_ready(
         assert active_in_config(scene) == "fallback"
         assert scene.status()["activeModel"] == "fallback"
         assert scene.status()["replicaSummary"] == "2/2"
-        assert scene.must_get("horizontalpodautoscalers", "iris-fallback")["spec"][
-            "minReplicas"] == 1
+        # held at the two replicas traffic moved with, for the HPA's scale-down window (5 min)
+        assert minimums(scene) == {"primary": 1, "fallback": 2}
+        assert held(scene) == ("fallback", 2)
         assert len(scene.events("RolledBack")) == 1
 
         rollback_cli(scene, "primary")  # the primary is still Ready: at once
@@ -410,9 +411,23 @@ def test_manual_rollback_moves_traffic_only_once_the_fallback_is_ready(
         scene.settle()
     assert active_in_config(scene) == "primary"
     assert len(scene.events("RolledForward")) == 1
+    assert minimums(scene) == {"primary": 2, "fallback": 1}  # the hold moved with traffic
+    assert held(scene) == ("primary", 2)
     deployments = scene.list("deployments")
     assert all(d["metadata"]["generation"] <= 2 for d in deployments)  # only scale changes
     assert len(set(checksums(scene).values())) == 2  # one per role; the switch rolled none
+
+
+def minimums(scene: Scene) -> dict[str, int]:
+    """Each role's HPA ``minReplicas``."""
+    return {role: scene.must_get("horizontalpodautoscalers", f"iris-{role}")["spec"][
+        "minReplicas"] for role in manifests.ROLES}
+
+
+def held(scene: Scene) -> tuple[str, int] | None:
+    """``status.minReplicasHold``'s role and replicas, if a hold is recorded."""
+    hold = scene.status().get("minReplicasHold")
+    return None if hold is None else (hold["role"], hold["replicas"])
 
 
 def ready_pods(scene: Scene, role: str) -> dict[str, str]:
@@ -424,6 +439,29 @@ def ready_pods(scene: Scene, role: str) -> dict[str, str]:
             for p in scene.list("pods")
             if p["metadata"]["labels"][manifests.LABEL_ROLE] == role and ready(p)
             and not p["metadata"].get("deletionTimestamp")}
+
+
+def test_the_held_minimum_ends_after_the_hpas_scale_down_window(scene: Scene) -> None:
+    """Traffic moves to a fallback raised to the primary's two pods; its HPA minimum stays at
+    two for the scale-down window (5 s here, from ``scaling.behavior``), then the first pass
+    after it (a resync) drops the minimum to ``minReplicas`` and removes the record."""
+    behavior = {**BEHAVIOR, "scaleDown": {**BEHAVIOR["scaleDown"],
+                                          "stabilizationWindowSeconds": 5}}
+    with scene.operator(resync=True):
+        start(scene, example(namespace=scene.namespace, scaling={
+            "minReplicas": 1, "maxReplicas": 5, "behavior": behavior}))
+        scene.admin.patch("deployments", scene.namespace, "iris-primary",
+                          {"spec": {"replicas": 2}}, subresource="scale")
+        scene.ready_deployment("iris-primary", 2)
+        rollback_cli(scene, "fallback")
+        scene.wait(lambda: scene.selected_role() == "fallback", what="selector on fallback",
+                   timeout=60)
+        scene.wait(lambda: held(scene) == ("fallback", 2), what="the hold recorded")
+        assert minimums(scene) == {"primary": 1, "fallback": 2}
+        scene.wait(lambda: held(scene) is None, what="the hold to end", timeout=30)
+        scene.wait(lambda: minimums(scene) == {"primary": 1, "fallback": 1},
+                   what="the fallback's minimum back to 1")
+    assert scene.selected_role() == "fallback"
 
 
 def test_rolling_forward_to_a_new_model_waits_for_the_new_models_pods(

@@ -221,6 +221,8 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
         intent="fallback" if automatic else isvc.traffic, current=current,
         ready={role: reconcile.ready_replicas(d) for role, d in deployments.items()},
         min_replicas=isvc.scaling.min_replicas, max_replicas=isvc.scaling.max_replicas)
+    plan, hold = reconcile.hold_minimum(plan, previous.get("minReplicasHold"), now,
+                                        reconcile.scale_down_window_s(isvc.scaling.behavior))
     for desired in manifests.children(isvc, owner, settings, active_role=plan.active,
                                       min_replicas=plan.min_replicas):
         if desired["kind"] not in SERVED_FIRST or (desired["kind"] == "ConfigMap"
@@ -242,7 +244,7 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
         stored, isvc, generation=generation, plan=plan, deployments=deployments,
         conflicts=conflicts, refused=refused, now=now,
         automatic=record.reason if automatic and isvc.traffic != "fallback" else None,
-        not_starting=not_starting), cache)
+        not_starting=not_starting, hold=hold), cache)
     return outcome
 
 

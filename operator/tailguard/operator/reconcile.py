@@ -23,6 +23,8 @@ The caller reads and writes; nothing here does I/O, reads the clock or logs.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import datetime
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -181,6 +183,53 @@ def plan_traffic(*, intent: str, current: str, ready: Mapping[str, int], min_rep
         return TrafficPlan(intent=intent, active=intent, switched=True, needed=needed, ready=have)
     return TrafficPlan(intent=intent, active=current, switched=False, needed=needed, ready=have,
                        min_replicas={intent: needed})
+
+
+HPA_SCALE_DOWN_WINDOW_S = 300
+"""The HPA's default scale-down stabilization window, s (``behavior.scaleDown``'s
+``stabilizationWindowSeconds``; kube-controller-manager's
+``--horizontal-pod-autoscaler-downscale-stabilization``, 5 minutes)."""
+
+
+def scale_down_window_s(behavior: Mapping[str, Any] | None) -> int:
+    """The HPA's scale-down stabilization window in seconds under ``spec.scaling.behavior``
+    (HPA v2's ``behavior``), else :data:`HPA_SCALE_DOWN_WINDOW_S`."""
+    window = ((behavior or {}).get("scaleDown") or {}).get("stabilizationWindowSeconds")
+    return HPA_SCALE_DOWN_WINDOW_S if window is None else int(window)
+
+
+def hold_minimum(plan: TrafficPlan, hold: Mapping[str, Any] | None, now: datetime.datetime,
+                 window_s: int) -> tuple[TrafficPlan, dict[str, Any] | None]:
+    """Keep the HPA minimum of the role traffic just moved to at the Ready replicas it moved
+    with, for ``window_s`` seconds (the HPA's scale-down stabilization window,
+    :func:`scale_down_window_s`) after the move.
+
+    Before the move that role served nothing, so every replica count its HPA recommended from
+    its metrics was low; were its minimum to drop back to ``minReplicas`` at the move, the HPA
+    could scale it down at its next sync, before its metrics show the load it now carries. Held
+    for a window, the HPA's own stabilization then remembers the recommendations made under
+    that load.
+
+    ``hold`` is ``status.minReplicasHold`` as last written (``role``, ``replicas``, ``until``
+    RFC 3339), or None. Returns the plan with the held minimum in its ``min_replicas`` and the
+    hold to write (None: none, or it ended, or traffic moved on).
+    """
+    if plan.switched and plan.needed > 0:
+        until = now + datetime.timedelta(seconds=window_s)
+        hold = {"role": plan.active, "replicas": plan.needed,
+                "until": until.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if not hold or hold.get("role") != plan.active or window_s <= 0:
+        return plan, None
+    try:
+        until = datetime.datetime.fromisoformat(str(hold["until"]).replace("Z", "+00:00"))
+        replicas = int(hold["replicas"])
+    except (KeyError, TypeError, ValueError):
+        return plan, None
+    if now >= until:
+        return plan, None
+    raised = {**plan.min_replicas,
+              plan.active: max(plan.min_replicas.get(plan.active, 0), replicas)}
+    return dataclasses.replace(plan, min_replicas=raised), dict(hold)
 
 
 def _diff(desired: Any, live: Any, path: Path, atomic: tuple[Path, ...]) -> Any:

@@ -27,8 +27,10 @@ from tailguard.spec.conditions import find_condition, ordered, set_condition
 OWNED_TYPES = ("Ready", "PrimaryReady", "FallbackReady", "RolledBack")
 """Condition types recomputed on every reconcile (``SLOMet`` is only initialised)."""
 OWNED_KEYS = ("observedGeneration", "activeModel", "url", "replicas", "replicaSummary",
-              "conditions")
+              "conditions", "minReplicasHold")
 """The ``status`` keys the operator writes."""
+REMOVED_WHEN_ABSENT = ("minReplicasHold",)
+"""Owned keys a status without them removes (the others are always present)."""
 
 
 def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *,
@@ -36,7 +38,8 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
                  deployments: Mapping[str, Mapping[str, Any] | None],
                  conflicts: Sequence[str], now: datetime.datetime,
                  refused: Sequence[str] = (), automatic: str | None = None,
-                 not_starting: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+                 not_starting: Mapping[str, Sequence[str]] | None = None,
+                 hold: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The owned part of the status after a reconcile pass.
 
     ``deployments`` maps each role to its live Deployment (or ``None``); ``conflicts`` names
@@ -47,7 +50,9 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
     says ``AutomaticRollback``), else ``None``. ``not_starting`` maps a role to one line per
     pod of it that cannot start (``NAME: REASON: MESSAGE``, e.g. an image that is not there):
     its condition (and ``Ready``, when that role has traffic and no Ready replica) then says
-    ``PodsNotStarting`` and names them.
+    ``PodsNotStarting`` and names them. ``hold``: the HPA minimum held after a traffic move
+    (:func:`~tailguard.operator.reconcile.hold_minimum`), written as ``minReplicasHold``
+    (None: the key is left out, and :func:`status_patch` removes it).
     """
     replicas = {role: {"desired": desired_replicas(deployments.get(role)),
                        "ready": ready_replicas(deployments.get(role))}
@@ -114,6 +119,7 @@ def build_status(previous: Mapping[str, Any], isvc: resource.InferenceService, *
         "replicas": replicas,
         "replicaSummary": f"{active['ready']}/{active['desired']}",
         "conditions": ordered(conditions),
+        **({"minReplicasHold": dict(hold)} if hold else {}),
     }
 
 
@@ -154,8 +160,13 @@ def invalid_status(previous: Mapping[str, Any], *, generation: int | None, messa
 def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any],
                  keys: Sequence[str] = OWNED_KEYS) -> dict[str, Any] | None:
     """The merge patch body (``{"status": {...}}``) writing ``new``'s ``keys`` (by default
-    the operator's), or ``None`` when they equal ``previous``'s."""
+    the operator's), or ``None`` when they equal ``previous``'s. A key of
+    :data:`REMOVED_WHEN_ABSENT` among ``keys`` that ``previous`` has and ``new`` lacks is
+    removed (a merge patch's null)."""
     owned = {key: new[key] for key in keys if key in new and new[key] is not None}
+    for key in REMOVED_WHEN_ABSENT:
+        if key in keys and key not in new and previous.get(key) is not None:
+            owned[key] = None
     if all(previous.get(key) == value for key, value in owned.items()):
         return None
     return {"status": owned}

@@ -74,7 +74,7 @@ NAMESPACED_RESOURCES = {
     ("autoscaling", "horizontalpodautoscalers"): ["get", "list", "watch", "create", "patch"],
     ("policy", "poddisruptionbudgets"): ["get", "list", "watch", "create", "patch"],
     ("", "pods"): ["get", "list", "watch"],
-    ("", "events"): ["create"],
+    ("", "events"): ["create", "patch"],
 }
 """What the operator touches in a watched namespace, and the verbs it uses (the children go
 with their owner through garbage collection, so nothing is ever deleted by the operator;

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import datetime
 from typing import Any
 
 import pytest
@@ -188,6 +190,56 @@ class TestPlanTraffic:
         plan = self.plan("primary", "fallback", 1, 2)
         assert plan.pending and plan.min_replicas == {"primary": 2}
         assert self.plan("primary", "fallback", 2, 2).active == "primary"
+
+
+class TestHoldMinimum:
+    """After traffic moves, the new role's HPA minimum stays at the replicas it moved with for
+    the HPA's scale-down window, across passes (the hold is read back from the status)."""
+
+    T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
+
+    def moved(self) -> reconcile.TrafficPlan:
+        return reconcile.plan_traffic(intent="fallback", current="primary",
+                                      ready={"primary": 3, "fallback": 3}, min_replicas=1,
+                                      max_replicas=5)
+
+    def test_a_move_holds_the_minimum_for_the_window(self) -> None:
+        plan, hold = reconcile.hold_minimum(self.moved(), None, self.T0, 300)
+        assert plan.active == "fallback" and plan.min_replicas == {"fallback": 3}
+        assert hold == {"role": "fallback", "replicas": 3, "until": "2026-01-01T12:05:00Z"}
+        # the next passes: traffic stays, the hold is read back until it ends
+        steady = reconcile.plan_traffic(intent="fallback", current="fallback",
+                                        ready={"primary": 3, "fallback": 3}, min_replicas=1,
+                                        max_replicas=5)
+        later = self.T0 + datetime.timedelta(seconds=299)
+        assert reconcile.hold_minimum(steady, hold, later, 300) == (
+            dataclasses.replace(steady, min_replicas={"fallback": 3}), hold)
+        ended = self.T0 + datetime.timedelta(seconds=300)
+        assert reconcile.hold_minimum(steady, hold, ended, 300) == (steady, None)
+
+    def test_a_hold_ends_when_traffic_moves_on_or_is_unreadable(self) -> None:
+        _, hold = reconcile.hold_minimum(self.moved(), None, self.T0, 300)
+        back = reconcile.plan_traffic(intent="primary", current="fallback",
+                                      ready={"primary": 3, "fallback": 3}, min_replicas=1,
+                                      max_replicas=5)
+        plan, new = reconcile.hold_minimum(back, hold, self.T0, 300)
+        assert new is not None and new["role"] == "primary"  # the move back holds the primary
+        assert plan.min_replicas == {"primary": 3}
+        waiting = reconcile.plan_traffic(intent="primary", current="fallback",
+                                         ready={"primary": 1, "fallback": 3}, min_replicas=1,
+                                         max_replicas=5)
+        assert waiting.active == "fallback" and waiting.min_replicas == {"primary": 3}
+        plan, kept = reconcile.hold_minimum(waiting, hold, self.T0, 300)
+        assert kept == hold and plan.min_replicas == {"primary": 3, "fallback": 3}
+        assert reconcile.hold_minimum(waiting, {"role": "fallback", "until": "soon"},
+                                      self.T0, 300) == (waiting, None)
+        assert reconcile.hold_minimum(self.moved(), None, self.T0, 0) == (self.moved(), None)
+
+    def test_the_window_is_the_hpas_scale_down_stabilization(self) -> None:
+        assert reconcile.scale_down_window_s(None) == 300
+        assert reconcile.scale_down_window_s({"scaleUp": {}}) == 300
+        assert reconcile.scale_down_window_s(
+            {"scaleDown": {"stabilizationWindowSeconds": 30}}) == 30
 
 
 def test_quantities_the_server_rewrote_are_not_differences() -> None:

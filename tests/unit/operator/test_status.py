@@ -34,13 +34,14 @@ def deployments(primary: int, fallback: int) -> dict[str, Any]:
 def build(previous: dict[str, Any], primary: int = 1, fallback: int = 1, *,
           intent: str = "primary", current: str = "primary", now: datetime.datetime = T0,
           conflicts: tuple[str, ...] = (),
-          not_starting: dict[str, list[str]] | None = None) -> dict[str, Any]:
+          not_starting: dict[str, list[str]] | None = None,
+          hold: dict[str, Any] | None = None) -> dict[str, Any]:
     plan = reconcile.plan_traffic(intent=intent, current=current,
                                   ready={"primary": primary, "fallback": fallback},
                                   min_replicas=1, max_replicas=5)
     status: dict[str, Any] = build_status(
         previous, ISVC, generation=4, plan=plan, deployments=deployments(primary, fallback),
-        conflicts=conflicts, now=now, not_starting=not_starting)
+        conflicts=conflicts, now=now, not_starting=not_starting, hold=hold)
     return status
 
 
@@ -163,3 +164,14 @@ def test_timestamps_need_a_timezone() -> None:
     assert conditions.timestamp(T0) == "2025-01-01T12:00:00Z"
     with pytest.raises(ValueError, match="timezone"):
         conditions.timestamp(datetime.datetime(2025, 1, 1))
+
+
+def test_a_held_minimum_is_written_and_removed_once_it_ends() -> None:
+    hold = {"role": "fallback", "replicas": 3, "until": "2025-01-01T12:05:00Z"}
+    held = build({}, hold=hold)
+    assert held["minReplicasHold"] == hold
+    assert not list(STATUS_VALIDATOR.iter_errors(held))
+    ended = build(held, now=T1)
+    assert "minReplicasHold" not in ended
+    assert status_patch(held, ended) == {"status": {**ended, "minReplicasHold": None}}
+    assert status_patch(ended, build(ended, now=T1)) is None  # nothing held, nothing removed
