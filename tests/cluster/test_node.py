@@ -39,9 +39,12 @@ def iris(node: OnNode, primaries: int = 1) -> None:
     node.apply(REPO / "examples" / "iris.yaml")
     # The SLO guard judges iris but does not act: these tests move traffic themselves, and a
     # random forest under load on a busy 2-core machine may well break a 25 ms p99. Deadlines
-    # of LONG_MS, not the default 1 s.
-    node.patch("iris", {"traffic": "primary", "scaling": {"minReplicas": 1, "maxReplicas": 5},
-                        "rollback": {"automatic": False}, "batching": {"timeoutMs": LONG_MS}})
+    # of LONG_MS, not the default 1 s. A scale-down window of 0 s: a move of traffic holds no
+    # HPA minimum (status.minReplicasHold), so each test scales the roles as it needs.
+    node.patch("iris", {"traffic": "primary", "scaling": {
+        "minReplicas": 1, "maxReplicas": 5,
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}},
+        "rollback": {"automatic": False}, "batching": {"timeoutMs": LONG_MS}})
     node.wait_serving("iris")
     node.cluster.kubectl("scale", "-n", node.namespace, "deployment/iris-primary",
                          f"--replicas={primaries}")
