@@ -348,17 +348,17 @@ def _announce(body: Mapping[str, Any], previous: Mapping[str, Any], outcome: Out
         said.append(("Normal", "Configured", "patched " + ", ".join(outcome.patched)))
     if plan.switched:
         said.append(("Normal", "RolledBack" if plan.active == "fallback" else "RolledForward",
-                       plan.message))
+                     plan.message))
     before = conditions.find_condition(previous, "RolledBack") or {}
     if plan.pending and not str(before.get("reason", "")).startswith("WaitingFor"):
         said.append(("Normal", f"WaitingFor{plan.intent.capitalize()}", plan.message))
     before_ready = conditions.find_condition(previous, "Ready") or {}
     if outcome.refused and before_ready.get("reason") != "ChildRefused":
         said.append(("Warning", "ChildRefused", "the API server refused: "
-                       + "; ".join(outcome.refused)))
+                     + "; ".join(outcome.refused)))
     if outcome.conflicts and before_ready.get("reason") != "ChildConflict":
         said.append(("Warning", "ChildConflict", "controlled by another owner, left alone: "
-                       + ", ".join(outcome.conflicts)))
+                     + ", ".join(outcome.conflicts)))
     for type_, reason, message in said:
         logger.info("service=%s reason=%s %s", where, reason, message)
         events.record(body, type_=type_, reason=reason, message=message, now=now)
