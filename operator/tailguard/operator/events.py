@@ -77,15 +77,16 @@ class EventRecorder:
         """Record that ``reason`` happened to ``involved`` (an object as the API returns it):
         raise the count of the same Event recorded before, else create one."""
         key = event_key(involved, type_, reason, message)
-        with self._lock:
+        with self._lock:  # the count is taken here, so two threads never write the same one
             stored = self._stored.get(key)
             if stored is not None:
                 self._stored.move_to_end(key)
+                stored.count += 1
+                count = stored.count
         if stored is not None:
             try:
                 kube.merge_patch("Event", stored.namespace, stored.name,
-                                 repeat_patch(stored.count + 1, now))
-                stored.count += 1
+                                 repeat_patch(count, now))
                 return
             except kube.NotFound:  # expired or deleted: record it anew
                 pass
