@@ -75,11 +75,13 @@ def test_burst_is_bounded_by_the_queue(busy_server: tuple[RuntimeServer, Any]) -
     refused = [a for a in done if a.status_code == 429]
     assert len(ok) + len(refused) == BURST, sorted({a.status_code for a in done})
     assert refused, "a burst of 16 against 1 computing + 4 queued was never refused"
-    # one computing plus a full queue are admitted; a batch that finishes while the burst is
-    # still arriving frees room for more
+    # a full queue is admitted, plus the one computing if the model thread took it from the
+    # queue before the burst filled it (a busy machine may wake that thread only after the
+    # whole burst has arrived: 4 admitted); a batch that finishes while the burst is still
+    # arriving frees room for more
     span_s = max(sent_at) - min(sent_at)
     most = 1 + MAX_QUEUE + math.ceil(span_s / BATCH_S)
-    assert 1 + MAX_QUEUE <= len(ok) <= most, (len(ok), span_s)
+    assert MAX_QUEUE <= len(ok) <= most, (len(ok), span_s)
     for r in refused:
         assert _retry_after(r) >= 1
         assert "queue" in error_of(r)
