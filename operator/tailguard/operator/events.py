@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from tailguard.operator import kube
+from tailguard.spec.conditions import timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def event_key(involved: Mapping[str, Any], type_: str, reason: str, message: str
 def repeat_patch(count: int, now: datetime.datetime) -> dict[str, Any]:
     """The merge patch that records one more occurrence of a stored Event: its new ``count``
     and ``lastTimestamp`` (RFC 3339, seconds, UTC)."""
-    return {"count": count, "lastTimestamp": kube.event_stamp(now)}
+    return {"count": count, "lastTimestamp": timestamp(now)}
 
 
 @dataclass

@@ -25,6 +25,7 @@ import urllib3
 
 from tailguard.guard.record import ROLL_FORWARD_ANNOTATION
 from tailguard.spec import resource
+from tailguard.spec.conditions import timestamp
 from tailguard_runtime import __version__
 
 logger = logging.getLogger(__name__)
@@ -271,11 +272,6 @@ EVENT_MESSAGE_CHARS = 1024
 1 kB)."""
 
 
-def event_stamp(now: datetime.datetime) -> str:
-    """``now`` as an Event timestamp: RFC 3339 in UTC, whole seconds."""
-    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def post_event(involved: Mapping[str, Any], *, type_: str, reason: str, message: str,
                now: datetime.datetime) -> str | None:
     """Create a core/v1 Event about ``involved`` (an object as returned by the API);
@@ -283,7 +279,7 @@ def post_event(involved: Mapping[str, Any], *, type_: str, reason: str, message:
     API refused it. Best effort: a refusal is logged, not raised. (Repeats are folded by
     :mod:`tailguard.operator.events`, which the operator records through.)"""
     meta = involved["metadata"]
-    stamp = event_stamp(now)
+    stamp = timestamp(now)
     event = {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tailguard.operator import quantity
+from tailguard.spec.conditions import timestamp
 
 Path = tuple[str, ...]
 
@@ -216,8 +217,7 @@ def hold_minimum(plan: TrafficPlan, hold: Mapping[str, Any] | None, now: datetim
     """
     if plan.switched and plan.needed > 0:
         until = now + datetime.timedelta(seconds=window_s)
-        hold = {"role": plan.active, "replicas": plan.needed,
-                "until": until.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        hold = {"role": plan.active, "replicas": plan.needed, "until": timestamp(until)}
     if not hold or hold.get("role") != plan.active or window_s <= 0:
         return plan, None
     try:
