@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     """``tailguard-runtime``: serve one InferenceService's model(s) from a runtime config file."""
     parser = argparse.ArgumentParser(prog="tailguard-runtime", description=main.__doc__)
     parser.add_argument("--config", required=True, help="runtime config JSON (written by the operator)")
+    parser.add_argument("--traffic", metavar="PATH",
+                        help="a JSON file whose activeModel names the role traffic goes to, "
+                             "re-read while serving (default: the --config file)")
     parser.add_argument("--role", choices=("primary", "fallback"),
                         help="serve only this role's model (the cluster runs one role per pod)")
     parser.add_argument("--host", default="0.0.0.0")
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("serving service=%s on %s", settings.name, base_url(args.host, sock.getsockname()[1]))
     if args.role:
         async def follow(_: DrainingServer) -> None:
-            await follow_traffic(runtime, args.config, args.role)
+            await follow_traffic(runtime, args.traffic or args.config, args.role)
         run(serve(runtime, sock, on_started=follow))
     else:
         run(serve(runtime, sock))

@@ -159,9 +159,10 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
 
 async def follow_traffic(runtime: Runtime, config_path: str, role: str,
                          interval_s: float = 2.0) -> None:
-    """Re-read the runtime config every ``interval_s`` seconds; when its ``activeModel`` names
-    another role, stop keeping connections alive (a Service selector change does not move
-    established connections; ``Connection: close`` does)."""
+    """Re-read the JSON file ``config_path`` (in a cluster, the operator's ``traffic.json``)
+    every ``interval_s`` seconds when its mtime changed; when its ``activeModel`` names another
+    role, stop keeping connections alive (a Service selector change does not move established
+    connections; ``Connection: close`` does)."""
     last_mtime = 0.0
     while True:
         try:

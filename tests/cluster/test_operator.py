@@ -8,6 +8,7 @@ server stores and, from the audit log, every request the operator made.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -23,8 +24,16 @@ from tailguard.operator import handlers, kube, manifests
 from tailguard.operator.settings import OperatorSettings
 from tailguard.spec import resource
 
+
+def revision_maps(body: dict[str, Any] | None = None) -> dict[str, str]:
+    """Each role's revision ConfigMap name for ``body`` (default: the iris example)."""
+    isvc = resource.parse(body or example())
+    return {role: manifests.config_map_name("iris", role, manifests.config_checksum(isvc, role))
+            for role in manifests.ROLES}
+
+
 CHILDREN = {
-    "configmaps": ["iris-runtime"],
+    "configmaps": sorted([*revision_maps().values(), "iris-traffic"]),
     "deployments": ["iris-fallback", "iris-primary"],
     "services": ["iris"],
     "horizontalpodautoscalers": ["iris-fallback", "iris-primary"],
@@ -45,10 +54,20 @@ def start(scene: Scene, body: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def active_in_config(scene: Scene) -> str | None:
-    """The active role the runtime config names (``None`` while it names none, as after a
+    """The active role the traffic ConfigMap names (``None`` while it names none, as after a
     hand edit the operator has not repaired yet)."""
-    config = scene.must_get("configmaps", "iris-runtime")
-    return json.loads(config["data"]["runtime.json"]).get("activeModel")  # type: ignore[no-any-return]
+    config = scene.must_get("configmaps", "iris-traffic")
+    return json.loads(config["data"]["traffic.json"]).get("activeModel")  # type: ignore[no-any-return]
+
+
+def served(scene: Scene, holder: dict[str, Any]) -> tuple[str, str]:
+    """The model URI in the revision ConfigMap a Deployment's or ReplicaSet's pods mount, and
+    the SHA-256 of that ConfigMap's config (what the pod template's checksum must be)."""
+    (name,) = manifests.config_maps_named(holder) - {"iris-traffic"}
+    config = json.loads(scene.must_get("configmaps", name)["data"]["runtime.json"])
+    (model,) = config["models"]
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    return model["uri"], digest
 
 
 def checksums(scene: Scene) -> dict[str, str]:
@@ -122,18 +141,23 @@ def test_a_spec_change_patches_exactly_what_changed(scene: Scene) -> None:
         scene.first_status(generation=3)
         writes = scene.child_writes(mark)
     after = checksums(scene)
-    config = scene.must_get("configmaps", "iris-runtime")
-    assert json.loads(config["data"]["runtime.json"])["batching"]["maxBatchSize"] == 8
-    assert sorted((w.resource, w.name) for w in writes) == [
-        ("configmaps", "iris-runtime"), ("deployments", "iris-fallback"),
-        ("deployments", "iris-primary")]
+    revisions = revision_maps(example(batching={"maxBatchSize": 8}))
+    for role, name in revisions.items():
+        config = scene.must_get("configmaps", name)
+        assert json.loads(config["data"]["runtime.json"])["batching"]["maxBatchSize"] == 8
+    assert sorted((w.verb, w.resource, w.name) for w in writes) == [
+        ("create", "configmaps", revisions["fallback"]),
+        ("create", "configmaps", revisions["primary"]),
+        ("patch", "deployments", "iris-fallback"), ("patch", "deployments", "iris-primary")]
     for write in writes:
         if write.resource == "deployments":
-            assert write.body == {"spec": {"template": {"metadata": {"annotations": {
-                CHECKSUM: after[write.name]}}}}}
+            role = write.name.removeprefix("iris-")
+            template = write.body["spec"]["template"]
+            assert write.body == {"spec": {"template": {
+                "metadata": {"annotations": {CHECKSUM: after[write.name]}},
+                "spec": {"volumes": template["spec"]["volumes"]}}}}
+            assert manifests.config_maps_named(write.body) == {revisions[role], "iris-traffic"}
             assert after[write.name] != before[write.name]
-        else:
-            assert write.body == {"data": config["data"]}
 
 
 def test_a_new_primary_model_rolls_only_the_primary_pods(scene: Scene) -> None:
@@ -157,6 +181,50 @@ def test_a_new_primary_model_rolls_only_the_primary_pods(scene: Scene) -> None:
             if p["metadata"]["labels"][manifests.LABEL_ROLE] == "fallback"} == fallback_pods
 
 
+def test_each_replica_set_keeps_the_config_of_its_own_revision(scene: Scene) -> None:
+    """A revision's ConfigMap lives as long as a ReplicaSet mounts it: an old pod restarting
+    mid-rollout, or a ReplicaSet brought back by ``kubectl rollout undo``, loads the model it
+    was made for. The Deployment controller keeps ``revisionHistoryLimit`` (3) old ReplicaSets;
+    when it prunes one, its ConfigMap goes too."""
+    uris = [f"builtin://iris/random-forest?trees={trees}" for trees in (11, 12, 13, 14, 15)]
+
+    def primary_maps() -> set[str]:
+        return {n for n in scene.names("configmaps") if n.startswith("iris-primary-")}
+
+    def replica_sets() -> list[dict[str, Any]]:
+        return [rs for rs in scene.children("replicasets")
+                if rs["metadata"]["labels"][manifests.LABEL_ROLE] == "primary"]
+
+    with scene.operator():
+        start(scene)
+        first = scene.must_get("replicasets", replica_sets()[0]["metadata"]["name"])
+        mark = scene.audit.mark()
+        for generation, uri in enumerate(uris, start=2):
+            scene.patch(resource.PLURAL, "iris", {"spec": {"model": {"uri": uri}}})
+            scene.first_status(generation=generation)
+            scene.wait(lambda: scene.condition("Ready").get("status") == "True", what="Ready")
+            if generation == 2:  # the first revision's ReplicaSet and ConfigMap are still there
+                assert served(scene, first)[0] == "builtin://iris/random-forest"
+        # five revisions later the first ones' ReplicaSets are pruned, and their ConfigMaps
+        scene.wait(lambda: len(replica_sets()) == 4, what="4 primary ReplicaSets")
+        scene.wait(lambda: primary_maps() == {
+            name for rs in replica_sets() for name in manifests.config_maps_named(rs)
+            if name != "iris-traffic"}, what="only the mounted revisions kept")
+        scene.settle()
+        deletes = [w for w in scene.child_writes(mark) if w.verb == "delete"]
+    sets = replica_sets()
+    assert sorted(served(scene, rs)[0] for rs in sets) == sorted(uris[1:])
+    for rs in sets:  # each ReplicaSet's config is the one its pod template's checksum names
+        annotations = rs["spec"]["template"]["metadata"]["annotations"]
+        assert served(scene, rs)[1] == annotations[CHECKSUM]
+    assert sorted(w.name for w in deletes) == sorted(
+        revision_maps(example(model={"uri": uri}))["primary"]
+        for uri in ["builtin://iris/random-forest", uris[0]])
+    assert all(w.resource == "configmaps" and w.code == 200 for w in deletes)
+    assert {n for n in scene.names("configmaps") if n.startswith("iris-fallback-")} == {
+        revision_maps()["fallback"]}
+
+
 SERVICES_AT_ONCE = 6
 REQUESTS_PER_SERVICE = 20
 """The bound of issue 28 (100 services Ready with at most 20 API requests each)."""
@@ -166,7 +234,7 @@ def test_passes_read_the_watch_cache_and_requests_grow_with_work_not_events(
         scene: Scene) -> None:
     """Several InferenceServices created at once: their children's status changes (kwok
     making pods Ready, the Deployment and HPA controllers) start many passes, and those read
-    what the watches brought, not the API: the namespace is listed once (six lists), and a
+    what the watches brought, not the API: the namespace is listed once (seven lists), and a
     status write that meets another writer (kopf's own annotation) reads the object again.
     Read from the API, every pass cost nine GETs (5,781 requests for 100 services)."""
     names = [f"svc-{i}" for i in range(SERVICES_AT_ONCE)]
@@ -187,7 +255,7 @@ def test_passes_read_the_watch_cache_and_requests_grow_with_work_not_events(
     assert len(ours) <= REQUESTS_PER_SERVICE * SERVICES_AT_ONCE, \
         sorted(f"{r.verb} {r.target}" for r in ours)
     lists = [r for r in reads if r.startswith("list ")]
-    assert len(lists) == 6, reads
+    assert len(lists) == 7, reads
     assert len(reads) - len(lists) <= 3 * SERVICES_AT_ONCE, reads  # re-reads after 409s only
 
 
@@ -227,7 +295,8 @@ def test_replicas_set_by_the_autoscaler_survive(scene: Scene) -> None:
         patches = [w for w in scene.child_writes(mark) if w.verb == "patch"]
     assert scene.must_get("deployments", "iris-primary")["spec"]["replicas"] == 4
     assert patches and all("replicas" not in (w.body.get("spec") or {}) for w in patches)
-    assert "trees=50" in scene.must_get("configmaps", "iris-runtime")["data"]["runtime.json"]
+    assert served(scene, scene.must_get("deployments", "iris-primary"))[0] == \
+        "builtin://iris/random-forest?trees=50"
     assert scene.status()["replicas"]["primary"] == {"desired": 4, "ready": 4}
 
 
@@ -270,11 +339,14 @@ def test_children_deleted_or_edited_by_hand_are_restored(scene: Scene) -> None:
             what="restored children")
         scene.patch("services", "iris", {"spec": {"selector": {manifests.LABEL_ROLE: "fallback"}}})
         scene.patch("horizontalpodautoscalers", "iris-primary", {"spec": {"maxReplicas": 50}})
-        scene.patch("configmaps", "iris-runtime", {"data": {"runtime.json": "{}"}})
+        scene.patch("configmaps", "iris-traffic", {"data": {"traffic.json": "{}"}})
+        scene.delete("configmaps", revision_maps()["fallback"])
         scene.wait(lambda: scene.selected_role() == "primary", what="selector restored")
         scene.wait(lambda: scene.must_get("horizontalpodautoscalers", "iris-primary")[
             "spec"]["maxReplicas"] == 5, what="HPA restored")
         scene.wait(lambda: active_in_config(scene) == "primary", what="config restored")
+        scene.wait(lambda: scene.get("configmaps", revision_maps()["fallback"]),
+                   what="revision restored")
         scene.settle()
     assert scene.events("Restored")
     for plural, names in CHILDREN.items():
@@ -543,9 +615,12 @@ def test_a_restart_neither_duplicates_nor_loses_anything(scene: Scene) -> None:
         scene.settle()
     writes = scene.child_writes(mark)
     assert all(w.verb == "create" for w in writes), writes
+    digits = resource.parse(example("digits"))
     assert sorted(w.body["metadata"]["name"] for w in writes) == sorted(
-        [f"digits-{suffix}" for suffix in ("runtime", "primary", "fallback", "primary",
+        [f"digits-{suffix}" for suffix in ("traffic", "primary", "fallback", "primary",
                                            "fallback", "primary", "fallback")]
+        + [manifests.config_map_name("digits", role, manifests.config_checksum(digits, role))
+           for role in manifests.ROLES]
         + ["digits", "iris-fallback"])
     for plural, objects in before.items():
         after = {o["metadata"]["name"]: o for o in scene.children(plural)

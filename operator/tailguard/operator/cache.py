@@ -1,6 +1,7 @@
 """What the operator's watches delivered: the latest body of each object, for the passes to read.
 
-A pass reads its InferenceService and up to eight children. Read from the API server, every
+A pass reads its InferenceService and its children (and the ReplicaSets of its Deployments,
+to know which revision ConfigMaps are still mounted). Read from the API server, every
 child event whose fingerprint changed cost nine GETs: creating 100 services took 5,781. kopf
 already holds a watch on the InferenceServices and on each child kind (filtered by the
 operator's label); every event it delivers, and every object a write of the operator's returns,
@@ -49,12 +50,18 @@ class WatchCache:
     """Objects by :data:`Key` (without ``metadata.managedFields``), and the namespaces it holds
     in full. Thread-safe (kopf runs handlers in worker threads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group_label: str | None = None) -> None:
+        """``group_label``: objects that carry it are also found by its value
+        (:meth:`grouped`)."""
         self._lock = threading.Lock()
-        self._objects: dict[Key, tuple[int | None, bytes]] = {}
-        """Each object's ``resourceVersion`` and its body as compact JSON: a tenth of the
-        memory of the parsed dict (1,000 InferenceServices and their 8,000 children took the
-        operator past the chart's 512 MiB limit held as dicts), parsed again on each read."""
+        self._group_label = group_label
+        self._objects: dict[Key, tuple[int | None, bytes, str | None]] = {}
+        """Each object's ``resourceVersion``, its body as compact JSON (a tenth of the
+        memory of the parsed dict: 1,000 InferenceServices and their 8,000 children took the
+        operator past the chart's 512 MiB limit held as dicts; parsed again on each read), and
+        its ``group_label`` value."""
+        self._groups: dict[tuple[str, str, str], set[str]] = {}
+        """``(kind, namespace, group)`` to the names of the kept objects in it."""
         self._gone: dict[Key, int | None] = {}  # tombstones: the deletion's resourceVersion
         self._seeded: set[str] = set()
 
@@ -69,12 +76,18 @@ class WatchCache:
             if kept is not None and not _newer(version, kept[0]):
                 return
             self._gone.pop(key, None)
-            self._objects[key] = (version, orjson.dumps(_lean(body), default=_plain))
+            labels = (body.get("metadata") or {}).get("labels") or {}
+            group = labels.get(self._group_label) if self._group_label else None
+            self._ungroup(key)
+            self._objects[key] = (version, orjson.dumps(_lean(body), default=_plain), group)
+            if group is not None:
+                self._groups.setdefault((key[0], key[1], str(group)), set()).add(key[2])
 
     def drop(self, body: Mapping[str, Any]) -> None:
         """The object was deleted (a ``DELETED`` event carrying its last body)."""
         key = _key(body)
         with self._lock:
+            self._ungroup(key)
             self._objects.pop(key, None)
             self._gone[key] = _version(body)
             while len(self._gone) > MAX_TOMBSTONES:
@@ -88,6 +101,14 @@ class WatchCache:
             return None
         body: dict[str, Any] = orjson.loads(kept[1])
         return body
+
+    def grouped(self, kind: str, namespace: str, group: str) -> list[dict[str, Any]]:
+        """The kept bodies of ``kind`` in ``namespace`` whose ``group_label`` is ``group`` (new
+        dicts, in no particular order)."""
+        with self._lock:
+            names = self._groups.get((kind, namespace, group), ())
+            kept = [self._objects[(kind, namespace, name)][1] for name in names]
+        return [orjson.loads(body) for body in kept]
 
     def names(self, kind: str) -> list[tuple[str, str]]:
         """``(namespace, name)`` of every kept object of ``kind``."""
@@ -115,11 +136,25 @@ class WatchCache:
                          if key[0] == kind and key[1] == namespace and key not in listed
                          and not (as_of is not None and (kept[0] or 0) > as_of)]
                 for key in stale:
+                    self._ungroup(key)
                     del self._objects[key]
             for body in listed.values():
                 self.keep(body)
         with self._lock:
             self._seeded.add(namespace)
+
+    def _ungroup(self, key: Key) -> None:
+        """Take a kept object out of its group (the lock held)."""
+        kept = self._objects.get(key)
+        if kept is None or kept[2] is None:
+            return
+        group = (key[0], key[1], kept[2])
+        names = self._groups.get(group)
+        if names is not None:
+            names.discard(key[2])
+            if not names:
+                del self._groups[group]
+
 
 _NONE = object()
 
@@ -133,8 +168,15 @@ def _plain(value: Any) -> Any:
 
 def _lean(body: Mapping[str, Any]) -> Mapping[str, Any]:
     """``body`` without ``metadata.managedFields``: no pass reads it, and it is often the
-    largest part of an object (a field set per writer)."""
+    largest part of an object (a field set per writer). Of a ReplicaSet, only its metadata and
+    its pod template's volumes are kept: a pass reads which ConfigMaps it mounts, nothing
+    more."""
     meta = body.get("metadata") or {}
+    if body.get("kind") == "ReplicaSet":
+        volumes = ((((body.get("spec") or {}).get("template") or {}).get("spec") or {})
+                   .get("volumes") or [])
+        body = {"apiVersion": body.get("apiVersion"), "kind": "ReplicaSet", "metadata": meta,
+                "spec": {"template": {"spec": {"volumes": volumes}}}}
     if "managedFields" not in meta:
         return body
     return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}

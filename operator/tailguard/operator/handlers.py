@@ -52,13 +52,18 @@ _CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "d
 
 _PODS = ("", "v1", "pods")
 """The runtime pods, watched (by :data:`CHILD_SELECTOR`) for the SLO guard's pod index."""
+_REPLICA_SETS = ("apps", "v1", "replicasets")
+"""The ReplicaSets of the operator's Deployments (they carry the pod template's labels),
+watched (by :data:`CHILD_SELECTOR`) for the revision ConfigMaps they mount."""
 
 CHILD_SELECTOR = f"{manifests.LABEL_MANAGED_BY}={manifests.MANAGED_BY}"
 """The label selector of the child watches, sent to the API server: the operator lists and
-watches only its own ConfigMaps, Services, Deployments, HPAs and PDBs."""
+watches only its own ConfigMaps, Services, Deployments, HPAs, PDBs, pods and ReplicaSets."""
 CHILD_KINDS = ("ConfigMap", "Service", "Deployment", "HorizontalPodAutoscaler",
                "PodDisruptionBudget")
 """The kinds of :data:`_CHILDREN`, as a pass reads them (and the watch cache keeps them)."""
+SEEDED_KINDS = (*CHILD_KINDS, "ReplicaSet")
+"""What a namespace's seeding lists (by :data:`CHILD_SELECTOR`), beside the InferenceServices."""
 
 REFUSALS = frozenset({400, 403, 404, 409, 422})
 """Statuses of a child write that say the request itself was refused (invalid, forbidden,
@@ -91,6 +96,8 @@ class Outcome:
     """``Kind/name`` of children controlled by another owner (left alone)."""
     refused: tuple[str, ...] = ()
     """``Kind/name: status reason: message`` of each create or patch the API refused."""
+    deleted: tuple[str, ...] = ()
+    """``Kind/name`` of the revision ConfigMaps deleted (nothing mounts them any more)."""
 
 
 def reconcile_service(namespace: str, name: str, settings: OperatorSettings, *,
@@ -151,13 +158,13 @@ def reconcile_soon(namespace: str, name: str, settings: OperatorSettings,
 
 
 def seed_namespace(cache: WatchCache, namespace: str) -> None:
-    """List the InferenceServices and each child kind (labelled as the watches are) in
-    ``namespace`` into ``cache`` (:meth:`WatchCache.seed`): six requests.
+    """List the InferenceServices, each child kind and the ReplicaSets (labelled as the watches
+    are) in ``namespace`` into ``cache`` (:meth:`WatchCache.seed`): seven requests.
 
     Raises:
         kube.KubeError: a list was refused.
     """
-    lists = {kind: kube.list_objects(kind, namespace, CHILD_SELECTOR) for kind in CHILD_KINDS}
+    lists = {kind: kube.list_objects(kind, namespace, CHILD_SELECTOR) for kind in SEEDED_KINDS}
     lists[resource.KIND] = kube.list_objects(resource.KIND, namespace)
     cache.seed(namespace, lists)
 
@@ -205,12 +212,14 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
                or isvc.traffic)
     if current not in manifests.ROLES:
         current = isvc.traffic
-    done: dict[str, list[str]] = {"created": [], "patched": [], "conflict": [], "refused": []}
-    # What the pods serve first (the ConfigMap they read, then the pod templates), traffic as
-    # it is; then plan on the Deployments as stored now, so a template this pass changed
-    # counts no Ready replica until its own pods are Ready; then the Service and the rest.
+    done: dict[str, list[str]] = {"created": [], "patched": [], "conflict": [], "refused": [],
+                                  "deleted": []}
+    # What the pods serve first (the revision ConfigMaps they read, then the pod templates);
+    # then plan on the Deployments as stored now, so a template this pass changed counts no
+    # Ready replica until its own pods are Ready; then the traffic ConfigMap, the Service and
+    # the rest.
     for desired in manifests.children(isvc, owner, settings, active_role=current):
-        if desired["kind"] in SERVED_FIRST:
+        if _served_first(desired):
             _apply(desired, live, owner, done, cache)
     deployments = {role: live[("Deployment", manifests.child_name(name, "Deployment", role))]
                    for role in manifests.ROLES}
@@ -225,9 +234,9 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
                                         reconcile.scale_down_window_s(isvc.scaling.behavior))
     for desired in manifests.children(isvc, owner, settings, active_role=plan.active,
                                       min_replicas=plan.min_replicas):
-        if desired["kind"] not in SERVED_FIRST or (desired["kind"] == "ConfigMap"
-                                                   and plan.active != current):
+        if not _served_first(desired):
             _apply(desired, live, owner, done, cache)
+    _collect_config_maps(namespace, name, owner, live, done, cache)
     created, patched, conflicts, refused = (done["created"], done["patched"], done["conflict"],
                                             done["refused"])
 
@@ -236,7 +245,8 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
     not_starting = {role: [pod.line() for pod in stuck] for role, stuck in
                     (pods.not_starting(namespace, name) if pods is not None else {}).items()}
     outcome = Outcome(plan=plan, created=tuple(created), patched=tuple(patched),
-                      conflicts=tuple(conflicts), refused=tuple(refused))
+                      conflicts=tuple(conflicts), refused=tuple(refused),
+                      deleted=tuple(done["deleted"]))
     # before the status write that ends the pass: a pass cut short after its writes is run
     # again from the old status, and announces again (a repeat raises the Event's count)
     _announce(body, previous, outcome, now)
@@ -248,8 +258,48 @@ def _reconcile(namespace: str, name: str, settings: OperatorSettings,
     return outcome
 
 
-SERVED_FIRST = ("ConfigMap", "Deployment")
-"""The children that say what the pods serve, applied before traffic is planned."""
+def _served_first(desired: Mapping[str, Any]) -> bool:
+    """Whether a child says what the pods serve (a Deployment, a revision ConfigMap): applied
+    before traffic is planned."""
+    return desired["kind"] == "Deployment" or manifests.is_revision_config(desired)
+
+
+def _collect_config_maps(namespace: str, name: str, owner: manifests.Owner,
+                         live: Mapping[tuple[str, str], Any], done: dict[str, list[str]],
+                         cache: WatchCache | None) -> None:
+    """Delete the service's revision ConfigMaps that this pass does not want and that no
+    Deployment or ReplicaSet of the service mounts (:func:`reconcile.unused_config_maps`);
+    note each in ``done["deleted"]``. Read from ``cache`` when given, else listed (two
+    requests). A ConfigMap changed or replaced since it was read is left for a later pass.
+
+    Raises:
+        kube.KubeError: the API failed in a way worth retrying.
+    """
+    if cache is not None:
+        found = {kind: cache.grouped(kind, namespace, name) for kind in ("ConfigMap", "ReplicaSet")}
+    else:
+        selector = f"{CHILD_SELECTOR},{manifests.LABEL_SERVICE}={name}"
+        found = {kind: kube.list_objects(kind, namespace, selector)[0]
+                 for kind in ("ConfigMap", "ReplicaSet")}
+    config_maps = {cm["metadata"]["name"]: cm for cm in found["ConfigMap"]
+                   if manifests.is_revision_config(cm)}
+    holders = [*found["ReplicaSet"],
+               *(body for (kind, _), body in live.items() if kind == "Deployment" and body)]
+    keep = [child for kind, child in live if kind == "ConfigMap"]
+    for unused in reconcile.unused_config_maps(config_maps.values(), holders, keep, owner.uid):
+        meta = config_maps[unused]["metadata"]
+        try:
+            kube.delete("ConfigMap", namespace, unused, uid=meta["uid"],
+                        resource_version=meta.get("resourceVersion"))
+        except kube.KubeError as exc:
+            if exc.status not in REFUSALS:
+                raise
+            logger.warning("cannot delete service=%s/%s ConfigMap/%s: %s", namespace, name,
+                           unused, exc)
+            continue
+        if cache is not None:
+            cache.drop(config_maps[unused])
+        done["deleted"].append(f"ConfigMap/{unused}")
 
 
 def _apply(desired: Mapping[str, Any], live: dict[tuple[str, str], Any],
@@ -346,6 +396,8 @@ def _announce(body: Mapping[str, Any], previous: Mapping[str, Any], outcome: Out
         said.append(("Normal", "Restored", "recreated " + ", ".join(outcome.created)))
     if outcome.patched and not plan.switched:
         said.append(("Normal", "Configured", "patched " + ", ".join(outcome.patched)))
+    if outcome.deleted:
+        logger.info("service=%s deleted unused %s", where, ", ".join(outcome.deleted))
     if plan.switched:
         said.append(("Normal", "RolledBack" if plan.active == "fallback" else "RolledForward",
                      plan.message))
@@ -400,7 +452,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # a just-created CRD's watch cache initializes) costs at most a minute.
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
-    for group, version, plural in (*_CHILDREN, _PODS):  # the API server filters
+    for group, version, plural in (*_CHILDREN, _PODS, _REPLICA_SETS):  # the API server filters
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     if getattr(memo, "tailguard", None) is None:
         memo.tailguard = OperatorSettings.from_env(os.environ)
@@ -420,7 +472,7 @@ def _known(memo: Any) -> KnownServices:
 def _cache(memo: Any) -> WatchCache:
     cache = getattr(memo, "watch_cache", None)
     if cache is None:
-        cache = memo.watch_cache = WatchCache()
+        cache = memo.watch_cache = WatchCache(group_label=manifests.LABEL_SERVICE)
     return cache
 
 
@@ -618,6 +670,24 @@ def pod_changed(*, type: str | None, body: kopf.Body, namespace: str | None, mem
         except BaseException:
             pods.forget(body)  # the pod's next event must get its pass
             raise
+
+
+@kopf.on.event(*_REPLICA_SETS, id="replica-sets",
+               labels={manifests.LABEL_MANAGED_BY: manifests.MANAGED_BY})
+def replica_set_changed(*, type: str | None, body: kopf.Body, namespace: str | None,
+                        memo: Any, **_: Any) -> None:
+    """Keep each ReplicaSet of the operator's Deployments in the watch cache (what a pass reads
+    of it: the ConfigMaps its pods mount). A deletion (the Deployment controller prunes
+    ReplicaSets beyond ``revisionHistoryLimit``) reconciles its InferenceService, whose
+    revision ConfigMaps it may have been the last to mount; other changes start no pass."""
+    cache = _cache(memo)
+    if type == "DELETED":
+        cache.drop(body)
+    else:
+        cache.keep(body)
+    service = (body.get("metadata", {}).get("labels") or {}).get(manifests.LABEL_SERVICE)
+    if type == "DELETED" and namespace and service:
+        reconcile_soon(namespace, service, memo.tailguard, cache, _pods(memo))
 
 
 for _group, _version, _plural in _CHILDREN:

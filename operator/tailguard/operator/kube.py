@@ -50,6 +50,7 @@ _PATHS: Mapping[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "Event": ("/api/v1", "events"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "ReplicaSet": ("/apis/apps/v1", "replicasets"),
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     resource.KIND: (f"/apis/{resource.API_VERSION}", resource.PLURAL),
@@ -216,6 +217,27 @@ def merge_patch(kind: str, namespace: str, name: str, patch: Mapping[str, Any], 
     """
     return _request("PATCH", _path(kind, namespace, name), body=dict(patch),
                     content_type=MERGE_PATCH, field_manager=field_manager)
+
+
+def delete(kind: str, namespace: str, name: str, *, uid: str,
+           resource_version: str | None = None) -> bool:
+    """Delete an object, only if it is still the one read (``uid``, and ``resource_version``
+    when given, as the delete's preconditions). Returns whether it was deleted (``False``: it
+    was gone already).
+
+    Raises:
+        Conflict: a precondition failed (replaced or changed since it was read).
+        KubeError: any other refusal.
+    """
+    preconditions = {"uid": uid, **({"resourceVersion": resource_version}
+                                    if resource_version else {})}
+    try:
+        _request("DELETE", _path(kind, namespace, name),
+                 body={"apiVersion": "v1", "kind": "DeleteOptions",
+                       "preconditions": preconditions})
+    except NotFound:
+        return False
+    return True
 
 
 def patch_status(namespace: str, name: str, patch: Mapping[str, Any], *,

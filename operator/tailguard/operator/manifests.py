@@ -4,7 +4,13 @@ Pure functions of a validated :class:`~tailguard.spec.resource.InferenceService`
 identity and the :class:`~tailguard.operator.settings.OperatorSettings`: no I/O, no clock, no
 Kubernetes client. For a service ``NAME`` they build:
 
-- ConfigMap ``NAME-runtime``: key ``runtime.json``, the runtime's config (plus ``activeModel``);
+- ConfigMap ``NAME-traffic``: key ``traffic.json``, ``{"activeModel": ROLE}``, the role traffic
+  goes to (rewritten on a switch; the pods re-read it);
+- ConfigMaps ``NAME-ROLE-HASH``, one per role and revision: key ``runtime.json``, what the pods
+  of that role serve (:func:`role_config`), immutable, named by the first 10 hex digits of its
+  SHA-256 (:func:`config_checksum`). A Deployment's pod template names its revision's, so an
+  old ReplicaSet's pods (restarted mid-rollout, or brought back by ``kubectl rollout undo``)
+  load the model they were made for;
 - Deployments ``NAME-primary`` and ``NAME-fallback``, one runtime role each;
 - Service ``NAME``: port 80 to the pods of the active role;
 - HorizontalPodAutoscalers and PodDisruptionBudgets ``NAME-primary`` / ``NAME-fallback``.
@@ -36,7 +42,13 @@ PORT = 8080
 PORT_NAME = "http"
 SERVICE_PORT = 80
 CONFIG_DIR = "/etc/tailguard"
+"""Where a runtime pod finds its config: one projected volume holding :data:`CONFIG_KEY` (from
+its revision's ConfigMap) and :data:`TRAFFIC_KEY` (from ``NAME-traffic``)."""
 CONFIG_KEY = "runtime.json"
+TRAFFIC_KEY = "traffic.json"
+CONFIG_HASH_DIGITS = 10
+"""Hex digits of :func:`config_checksum` in a revision's ConfigMap name (40 bits: as
+``kubectl create configmap --append-hash`` and kustomize, which use 10 characters)."""
 MODEL_CACHE_DIR = "/var/cache/tailguard/models"
 """Where a role whose model is an http(s) URL downloads it (an ``emptyDir`` sized by
 ``maxBytes``): the pod fetches once at start, and a restarted container finds it there."""
@@ -105,14 +117,23 @@ def selector_labels(name: str, role: str) -> dict[str, str]:
 
 
 def child_name(name: str, kind: str, role: str | None = None) -> str:
-    """Name of a child: ``NAME`` (Service), ``NAME-runtime`` (ConfigMap), else ``NAME-ROLE``."""
-    if kind == "Service":
-        return name
-    if kind == "ConfigMap":
-        return f"{name}-runtime"
+    """Name of a child: ``NAME`` (Service), ``NAME-traffic`` (the ConfigMap without a role),
+    else ``NAME-ROLE`` (a revision's ConfigMap is :func:`config_map_name`).
+
+    Raises:
+        ValueError: a kind with one child per role, and ``role`` is not a role.
+    """
+    if kind == "Service" or (kind == "ConfigMap" and role is None):
+        return name if kind == "Service" else f"{name}-traffic"
     if role not in ROLES:
         raise ValueError(f"{kind} needs a role among {ROLES}, got {role!r}")
     return f"{name}-{role}"
+
+
+def config_map_name(name: str, role: str, checksum: str) -> str:
+    """``NAME-ROLE-HASH``: the ConfigMap of one revision of a role (``checksum``: the hex
+    :func:`config_checksum`, cut to :data:`CONFIG_HASH_DIGITS`)."""
+    return f"{child_name(name, 'ConfigMap', role)}-{checksum[:CONFIG_HASH_DIGITS]}"
 
 
 def service_url(isvc: resource.InferenceService) -> str:
@@ -184,20 +205,16 @@ def pre_stop_command(settings: OperatorSettings) -> list[str]:
 def runtime_config(isvc: resource.InferenceService, active_role: str) -> dict[str, Any]:
     """The JSON the runtime reads: the service's runtime settings, with the drain this module
     chooses (:func:`drain_grace_seconds`), as
-    :meth:`tailguard_runtime.settings.RuntimeSettings.to_config` writes them. ``activeModel``
-    tells each pod whether traffic is on its role; pods of the other role stop keeping
-    connections alive.
-    """
+    :meth:`tailguard_runtime.settings.RuntimeSettings.to_config` writes them (both models,
+    and ``activeModel``: ``active_role``)."""
     settings = isvc.runtime_settings(drain_grace_seconds=drain_grace_seconds(isvc))
     config: dict[str, Any] = settings.to_config(active_role)
     return config
 
 
-def config_checksum(isvc: resource.InferenceService, role: str) -> str:
-    """SHA-256 (hex) of what the pods of ``role`` serve: the runtime config without
-    ``activeModel`` and without the other role's model. It changes, and rolls that role's pods,
-    exactly when what they serve changes: a traffic switch rolls nothing, and a new primary
-    model leaves the fallback's pods alone.
+def role_config(isvc: resource.InferenceService, role: str) -> dict[str, Any]:
+    """What the pods of ``role`` serve: :func:`runtime_config` without ``activeModel`` and
+    without the other role's model.
 
     Raises:
         ValueError: ``role`` is not a role.
@@ -207,15 +224,63 @@ def config_checksum(isvc: resource.InferenceService, role: str) -> str:
     config = runtime_config(isvc, "primary")
     del config["activeModel"]
     config["models"] = [m for m in config["models"] if m["role"] == role]
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    return config
 
 
-def config_map(isvc: resource.InferenceService, owner: Owner, active_role: str) -> dict[str, Any]:
-    """ConfigMap ``NAME-runtime`` holding ``runtime.json`` (indented, keys sorted)."""
-    text = json.dumps(runtime_config(isvc, active_role), indent=2, sort_keys=True) + "\n"
+def config_checksum(isvc: resource.InferenceService, role: str) -> str:
+    """SHA-256 (hex) of :func:`role_config` (keys sorted, compact). It changes, and rolls that
+    role's pods, exactly when what they serve changes: a traffic switch rolls nothing, and a
+    new primary model leaves the fallback's pods alone.
+
+    Raises:
+        ValueError: ``role`` is not a role.
+    """
+    return hashlib.sha256(json.dumps(role_config(isvc, role), sort_keys=True).encode()
+                          ).hexdigest()
+
+
+def config_map(isvc: resource.InferenceService, owner: Owner, role: str) -> dict[str, Any]:
+    """The immutable ConfigMap ``NAME-ROLE-HASH`` (:func:`config_map_name`) holding
+    ``runtime.json``: :func:`role_config`, indented, keys sorted.
+
+    Raises:
+        ValueError: ``role`` is not a role.
+    """
+    text = json.dumps(role_config(isvc, role), indent=2, sort_keys=True) + "\n"
+    metadata = _metadata(isvc, owner, "Deployment", role)  # the role's labels
+    metadata["name"] = config_map_name(isvc.name, role, config_checksum(isvc, role))
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+            "immutable": True, "data": {CONFIG_KEY: text}}
+
+
+def traffic_config_map(isvc: resource.InferenceService, owner: Owner,
+                       active_role: str) -> dict[str, Any]:
+    """ConfigMap ``NAME-traffic`` holding ``traffic.json``: ``{"activeModel": active_role}``.
+    Every runtime pod mounts it and re-reads it; pods of the other role stop keeping
+    connections alive."""
+    text = json.dumps({"activeModel": active_role}) + "\n"
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _metadata(isvc, owner, "ConfigMap", None),
-            "data": {CONFIG_KEY: text}}
+            "data": {TRAFFIC_KEY: text}}
+
+
+def is_revision_config(obj: Mapping[str, Any]) -> bool:
+    """Whether a child is a revision's ConfigMap (it has a role label; ``NAME-traffic`` has
+    none)."""
+    return obj.get("kind") == "ConfigMap" and LABEL_ROLE in (
+        (obj.get("metadata") or {}).get("labels") or {})
+
+
+def config_maps_named(template_holder: Mapping[str, Any]) -> set[str]:
+    """Names of the ConfigMaps a Deployment's or ReplicaSet's pod template mounts (plain or
+    projected volumes); empty for another object."""
+    spec = (((template_holder.get("spec") or {}).get("template") or {}).get("spec") or {})
+    names: set[str] = set()
+    for volume in spec.get("volumes") or []:
+        sources = [volume] + list((volume.get("projected") or {}).get("sources") or [])
+        names.update(str(src["configMap"]["name"]) for src in sources
+                     if (src.get("configMap") or {}).get("name"))
+    return names
 
 
 def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
@@ -223,8 +288,9 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
     """Deployment ``NAME-ROLE`` running ``tailguard-runtime --role ROLE``.
 
     ``spec.replicas`` is ``scaling.minReplicas``: written at creation only (the HPA owns it
-    after that, see :mod:`tailguard.operator.reconcile`). The pod template carries the role's config checksum, so
-    a change of what this role serves rolls its pods, and nothing else does.
+    after that, see :mod:`tailguard.operator.reconcile`). The pod template mounts the role's
+    revision ConfigMap and carries its checksum, so a change of what this role serves rolls
+    its pods, and nothing else does.
     """
     labels = role_labels(isvc.name, role)
     ref = isvc.model if role == "primary" else isvc.fallback
@@ -234,7 +300,7 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
         "image": settings.runtime_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["tailguard-runtime", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
-                    "--role", role, "--host", "0.0.0.0", "--port", str(PORT),
+                    "--traffic", f"{CONFIG_DIR}/{TRAFFIC_KEY}", "--role", role, "--host", "0.0.0.0", "--port", str(PORT),
                     "--termination-log", TERMINATION_LOG],
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "env": [*({"name": var, "value": "1"}
@@ -265,8 +331,12 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
     }
     pod_spec = {
         "containers": [container],
-        "volumes": [{"name": "config",
-                     "configMap": {"name": child_name(isvc.name, "ConfigMap")}},
+        "volumes": [{"name": "config", "projected": {"sources": [
+                        {"configMap": {"name": config_map_name(
+                            isvc.name, role, config_checksum(isvc, role)),
+                            "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]}},
+                        {"configMap": {"name": child_name(isvc.name, "ConfigMap"),
+                                       "items": [{"key": TRAFFIC_KEY, "path": TRAFFIC_KEY}]}}]}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                     *_model_volumes(ref)],
         "terminationGracePeriodSeconds": termination_grace_seconds(isvc, settings),
@@ -360,8 +430,9 @@ def disruption_budget(isvc: resource.InferenceService, owner: Owner, role: str) 
 def children(isvc: resource.InferenceService, owner: Owner, settings: OperatorSettings, *,
              active_role: str, min_replicas: Mapping[str, int] | None = None
              ) -> list[dict[str, Any]]:
-    """Every child, in :data:`KIND_ORDER`. ``min_replicas`` maps a role to its HPA's raised
-    ``minReplicas`` (see :func:`autoscaler`).
+    """Every child, in :data:`KIND_ORDER` (the ConfigMaps: ``NAME-traffic``, then each role's
+    revision). ``min_replicas`` maps a role to its HPA's raised ``minReplicas`` (see
+    :func:`autoscaler`).
 
     Raises:
         ValueError: ``active_role`` is not a role.
@@ -370,7 +441,8 @@ def children(isvc: resource.InferenceService, owner: Owner, settings: OperatorSe
         raise ValueError(f"active_role must be one of {ROLES}, got {active_role!r}")
     raised = min_replicas or {}
     return [
-        config_map(isvc, owner, active_role),
+        traffic_config_map(isvc, owner, active_role),
+        *(config_map(isvc, owner, role) for role in ROLES),
         *(deployment(isvc, owner, role, settings) for role in ROLES),
         service(isvc, owner, active_role),
         *(autoscaler(isvc, owner, role, raised.get(role)) for role in ROLES),

@@ -17,6 +17,8 @@ operator owns, or ``None`` when it already does. The rules:
 :func:`plan_traffic` decides which role the Service selects: traffic moves to the role that
 ``spec.traffic`` names only once that role has enough Ready replicas to take it.
 
+:func:`unused_config_maps` picks the revision ConfigMaps that nothing refers to any more.
+
 The caller reads and writes; nothing here does I/O, reads the clock or logs.
 """
 
@@ -27,9 +29,10 @@ import dataclasses
 import datetime
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from tailguard.operator import quantity
+from tailguard.operator.manifests import config_maps_named
 from tailguard.spec.conditions import timestamp
 
 Path = tuple[str, ...]
@@ -230,6 +233,26 @@ def hold_minimum(plan: TrafficPlan, hold: Mapping[str, Any] | None, now: datetim
     raised = {**plan.min_replicas,
               plan.active: max(plan.min_replicas.get(plan.active, 0), replicas)}
     return dataclasses.replace(plan, min_replicas=raised), dict(hold)
+
+
+def unused_config_maps(config_maps: Iterable[Mapping[str, Any]],
+                       holders: Iterable[Mapping[str, Any]], keep: Iterable[str],
+                       owner_uid: str) -> list[str]:
+    """Names of the revision ConfigMaps to delete: those ``owner_uid`` controls that are not in
+    ``keep`` (what this pass wants) and that no pod template in ``holders`` mounts (the
+    service's Deployments and ReplicaSets as stored, current and old: the Deployment controller
+    keeps ``revisionHistoryLimit`` old ReplicaSets, and ``kubectl rollout undo`` brings one
+    back, so its ConfigMap lives as long as it does). Sorted.
+
+    ``config_maps``: the service's revision ConfigMaps as stored (see
+    :func:`tailguard.operator.manifests.is_revision_config`). A ConfigMap another owner
+    controls, or none does, is never chosen.
+    """
+    used = set(keep)
+    for holder in holders:
+        used |= config_maps_named(holder)
+    return sorted(str(cm["metadata"]["name"]) for cm in config_maps
+                  if controller_uid(cm) == owner_uid and cm["metadata"]["name"] not in used)
 
 
 def _diff(desired: Any, live: Any, path: Path, atomic: tuple[Path, ...]) -> Any:

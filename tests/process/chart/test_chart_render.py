@@ -68,16 +68,18 @@ NAMESPACED_RESOURCES = {
     ("tailguard.dev", "inferenceservices"): ["get", "list", "watch", "patch"],
     ("tailguard.dev", "inferenceservices/status"): ["patch"],
     ("tailguard.dev", "inferenceservices/finalizers"): ["update"],
-    ("", "configmaps"): ["get", "list", "watch", "create", "patch"],
+    ("", "configmaps"): ["get", "list", "watch", "create", "patch", "delete"],
     ("", "services"): ["get", "list", "watch", "create", "patch"],
     ("apps", "deployments"): ["get", "list", "watch", "create", "patch"],
+    ("apps", "replicasets"): ["get", "list", "watch"],
     ("autoscaling", "horizontalpodautoscalers"): ["get", "list", "watch", "create", "patch"],
     ("policy", "poddisruptionbudgets"): ["get", "list", "watch", "create", "patch"],
     ("", "pods"): ["get", "list", "watch"],
     ("", "events"): ["create", "patch"],
 }
 """What the operator touches in a watched namespace, and the verbs it uses (the children go
-with their owner through garbage collection, so nothing is ever deleted by the operator;
+with their owner through garbage collection; the operator deletes only a revision ConfigMap
+that no ReplicaSet, read only, mounts any more;
 `update` on the owner's finalizers is what OwnerReferencesPermissionEnforcement asks of a
 controller that sets blockOwnerDeletion; the runtime pods are only read, by the SLO guard)."""
 
@@ -200,8 +202,10 @@ def test_no_rule_grants_more_than_the_operator_uses(helm: Helm, name: str) -> No
     for role in of_kind(objs, "ClusterRole") + of_kind(objs, "Role"):
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-            assert not {"delete", "deletecollection", "escalate", "bind",
+            assert not {"deletecollection", "escalate", "bind",
                         "impersonate"} & set(rule["verbs"]), rule
+            if "delete" in rule["verbs"]:  # only unused revision ConfigMaps
+                assert rule["resources"] == ["configmaps"], rule
             if "update" in rule["verbs"]:  # only for blockOwnerDeletion on children
                 assert rule["resources"] == ["inferenceservices/finalizers"], rule
             assert not {"secrets", "pods/exec"} & set(rule["resources"]), rule

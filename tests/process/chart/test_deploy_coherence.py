@@ -271,14 +271,20 @@ def test_runtime_pods_run_the_image_as_its_dockerfile_says(role: str) -> None:
     # The kubelet reads a container's termination message at its default path.
     assert "terminationMessagePath" not in container
     assert options(command[1:]) == {**options(final.exec_form("CMD")), "--role": role,
+                                    "--traffic": "/etc/tailguard/traffic.json",
                                     "--termination-log": "/dev/termination-log"}
     assert container["ports"] == [{"name": "http", "containerPort": int(final.args("EXPOSE")[0]),
                                    "protocol": "TCP"}]
     config = options(command[1:])["--config"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volume = {v["name"]: v for v in pod["spec"]["volumes"]}[mounts[posixpath.dirname(config)]]
-    assert volume["configMap"]["name"] == manifests.child_name("digits", "ConfigMap")
-    assert posixpath.basename(config) == manifests.CONFIG_KEY
+    traffic = options(command[1:])["--traffic"]
+    assert posixpath.dirname(traffic) == posixpath.dirname(config)
+    assert {(item["path"], source["configMap"]["name"]) for source in volume["projected"]["sources"]
+            for item in source["configMap"]["items"]} == {
+        (posixpath.basename(config), manifests.config_map_name(
+            "digits", role, pod["metadata"]["annotations"][manifests.CHECKSUM_ANNOTATION])),
+        (posixpath.basename(traffic), manifests.child_name("digits", "ConfigMap"))}
     (user,) = [u for stage in DOCKERFILE.chain(final) for u in stage.args("USER")]
     uid = int(user.split(":")[0])
     assert pod["spec"]["securityContext"]["runAsUser"] == uid

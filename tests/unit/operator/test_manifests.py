@@ -3,6 +3,7 @@ a served, autoscaled, politely terminated InferenceService needs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -109,8 +110,12 @@ def test_a_claim_model_mounts_its_claim_read_only_in_its_role_only() -> None:
 
 def test_children_are_named_labelled_and_owned() -> None:
     children = build("defaults")
+    isvc = resource.parse(SPECS["defaults"])
+    revision = {role: f"iris-{role}-" + manifests.config_checksum(isvc, role)[:10]
+                for role in manifests.ROLES}
     assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
-        ("ConfigMap", "iris-runtime"), ("Deployment", "iris-primary"),
+        ("ConfigMap", "iris-traffic"), ("ConfigMap", revision["primary"]),
+        ("ConfigMap", revision["fallback"]), ("Deployment", "iris-primary"),
         ("Deployment", "iris-fallback"), ("Service", "iris"),
         ("HorizontalPodAutoscaler", "iris-primary"), ("HorizontalPodAutoscaler", "iris-fallback"),
         ("PodDisruptionBudget", "iris-primary"), ("PodDisruptionBudget", "iris-fallback")]
@@ -126,7 +131,7 @@ def test_children_are_named_labelled_and_owned() -> None:
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "tailguard-operator"
         assert meta["labels"]["app.kubernetes.io/part-of"] == "tailguard"
         assert meta["labels"]["tailguard.dev/inferenceservice"] == "iris"
-        role = meta["name"].rpartition("-")[2]
+        role = meta["name"].removeprefix("iris-").partition("-")[0]
         if role in manifests.ROLES:
             assert meta["labels"]["tailguard.dev/role"] == role
         else:
@@ -142,7 +147,7 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
     (container,) = pod["containers"]
     assert container["image"] == "tailguard/runtime:0.1.0"
     assert container["command"] == ["tailguard-runtime", "--config", "/etc/tailguard/runtime.json",
-                                    "--role", role, "--host", "0.0.0.0", "--port", "8080",
+                                    "--traffic", "/etc/tailguard/traffic.json", "--role", role, "--host", "0.0.0.0", "--port", "8080",
                                     "--termination-log", "/dev/termination-log"]
     assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
@@ -154,7 +159,14 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
     assert container["resources"]["limits"] == {"memory": "1Gi"}  # no CPU limit
     assert {"name": "config", "mountPath": "/etc/tailguard", "readOnly": True} in \
         container["volumeMounts"]
-    assert pod["volumes"][0] == {"name": "config", "configMap": {"name": "digits-runtime"}}
+    revision = manifests.config_checksum(resource.parse(SPECS["digits"]), role)[:10]
+    assert pod["volumes"][0] == {"name": "config", "projected": {"sources": [
+        {"configMap": {"name": f"digits-{role}-{revision}",
+                       "items": [{"key": "runtime.json", "path": "runtime.json"}]}},
+        {"configMap": {"name": "digits-traffic",
+                       "items": [{"key": "traffic.json", "path": "traffic.json"}]}}]}}
+    assert manifests.config_maps_named(deployment) == {f"digits-{role}-{revision}",
+                                                       "digits-traffic"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1].split()[-1])
@@ -170,24 +182,32 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
     assert template["metadata"]["annotations"][manifests.CHECKSUM_ANNOTATION]
 
 
-def test_the_runtime_reads_the_config_map_and_a_switch_rolls_no_pods() -> None:
+def test_the_runtime_reads_its_revisions_config_map_and_a_switch_rolls_no_pods() -> None:
     isvc = resource.parse(SPECS["files"])
-    on_primary = manifests.config_map(isvc, OWNER, "primary")
-    on_fallback = manifests.config_map(isvc, OWNER, "fallback")
-    config = json.loads(on_primary["data"]["runtime.json"])
-    assert config["activeModel"] == "primary"
-    assert json.loads(on_fallback["data"]["runtime.json"])["activeModel"] == "fallback"
+    primary_map, fallback_map = (manifests.config_map(isvc, OWNER, role)
+                                 for role in manifests.ROLES)
+    assert primary_map["immutable"] is True and fallback_map["immutable"] is True
+    config = json.loads(primary_map["data"]["runtime.json"])
+    assert "activeModel" not in config
+    assert manifests.config_checksum(isvc, "primary") == hashlib.sha256(json.dumps(
+        config, sort_keys=True).encode()).hexdigest()
     settings = RuntimeSettings.from_config(config)
     assert settings.name == "iris"
     assert [(m.role, m.uri, m.sha256) for m in settings.models] == [
-        ("primary", "file:///models/iris-forest.joblib", SHA),
+        ("primary", "file:///models/iris-forest.joblib", SHA)]
+    assert [(m.role, m.uri, m.sha256) for m in RuntimeSettings.from_config(json.loads(
+        fallback_map["data"]["runtime.json"])).models] == [
         ("fallback", "file:///models/iris-logreg.joblib", "cd" * 32)]
     assert settings.batching == isvc.batching
     assert settings.stats_window_seconds == isvc.slo.window_seconds
     assert settings.drain_grace_seconds == config["drainGraceSeconds"]
     assert config["models"][0]["version"] == "2024-06"
-    one_role = {**config, "models": [m for m in config["models"] if m["role"] == "fallback"]}
-    assert [m.role for m in RuntimeSettings.from_config(one_role).models] == ["fallback"]
+    for role in manifests.ROLES:
+        traffic = manifests.traffic_config_map(isvc, OWNER, role)
+        assert traffic["metadata"]["name"] == "iris-traffic" and "immutable" not in traffic
+        assert json.loads(traffic["data"]["traffic.json"]) == {"activeModel": role}
+        assert not manifests.is_revision_config(traffic)
+    assert manifests.is_revision_config(primary_map)
 
     primary, fallback = (manifests.deployment(isvc, OWNER, role, OperatorSettings())
                          for role in manifests.ROLES)

@@ -291,3 +291,31 @@ def test_a_status_write_nobody_reads_leaves_the_fingerprint_alone() -> None:
     conditions = copy.deepcopy(ready)
     conditions["status"]["conditions"] = [{"type": "Available", "status": "True"}]
     assert reconcile.fingerprint(conditions) == reconcile.fingerprint(ready)
+
+
+def test_a_revision_config_map_goes_once_nothing_mounts_it() -> None:
+    def revision(**spec_changes: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        isvc = resource.parse(example("iris", **spec_changes))
+        template = manifests.deployment(isvc, OWNER, "primary", OperatorSettings())
+        replica_set = {"kind": "ReplicaSet", "metadata": {"name": "rs"},
+                       "spec": {"template": template["spec"]["template"]}}
+        return stored(manifests.config_map(isvc, OWNER, "primary")), replica_set
+
+    (now, now_rs), (old, old_rs), (older, _) = (
+        revision(model={"uri": f"builtin://iris/random-forest?trees={trees}"})
+        for trees in (30, 20, 10))
+    for cm in (now, old, older):
+        cm["metadata"]["ownerReferences"] = [manifests.owner_reference(OWNER)]
+    theirs = stored(old)
+    theirs["metadata"].update(name="iris-primary-theirs", ownerReferences=[])
+    maps = [now, old, older, theirs]
+    names = [cm["metadata"]["name"] for cm in maps]
+    assert len(set(names)) == 4
+    # the old revision's ReplicaSet still mounts it; nothing mounts the older one
+    assert reconcile.unused_config_maps(maps, [now_rs, old_rs], [names[0]], "uid-1") == [
+        names[2]]
+    # what the pass does not want goes, unless a ReplicaSet mounts it
+    assert reconcile.unused_config_maps(maps, [old_rs], [], "uid-1") == sorted(
+        [names[0], names[2]])
+    # another owner's (or nobody's) ConfigMap is never chosen
+    assert reconcile.unused_config_maps(maps, [], [], "uid-2") == []
