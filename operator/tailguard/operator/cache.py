@@ -1,7 +1,6 @@
 """What the operator's watches delivered: the latest body of each object, for the passes to read.
 
-A pass reads its InferenceService and its children (and the ReplicaSets of its Deployments,
-to know which revision ConfigMaps are still mounted). Read from the API server, every
+A pass reads its InferenceService and its children. Read from the API server, every
 child event whose fingerprint changed cost nine GETs: creating 100 services took 5,781. kopf
 already holds a watch on the InferenceServices and on each child kind (filtered by the
 operator's label); every event it delivers, and every object a write of the operator's returns,
@@ -168,15 +167,8 @@ def _plain(value: Any) -> Any:
 
 def _lean(body: Mapping[str, Any]) -> Mapping[str, Any]:
     """``body`` without ``metadata.managedFields``: no pass reads it, and it is often the
-    largest part of an object (a field set per writer). Of a ReplicaSet, only its metadata and
-    its pod template's volumes are kept: a pass reads which ConfigMaps it mounts, nothing
-    more."""
+    largest part of an object (a field set per writer)."""
     meta = body.get("metadata") or {}
-    if body.get("kind") == "ReplicaSet":
-        volumes = ((((body.get("spec") or {}).get("template") or {}).get("spec") or {})
-                   .get("volumes") or [])
-        body = {"apiVersion": body.get("apiVersion"), "kind": "ReplicaSet", "metadata": meta,
-                "spec": {"template": {"spec": {"volumes": volumes}}}}
     if "managedFields" not in meta:
         return body
     return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}

@@ -52,18 +52,13 @@ _CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "d
 
 _PODS = ("", "v1", "pods")
 """The runtime pods, watched (by :data:`CHILD_SELECTOR`) for the SLO guard's pod index."""
-_REPLICA_SETS = ("apps", "v1", "replicasets")
-"""The ReplicaSets of the operator's Deployments (they carry the pod template's labels),
-watched (by :data:`CHILD_SELECTOR`) for the revision ConfigMaps they mount."""
 
 CHILD_SELECTOR = f"{manifests.LABEL_MANAGED_BY}={manifests.MANAGED_BY}"
 """The label selector of the child watches, sent to the API server: the operator lists and
-watches only its own ConfigMaps, Services, Deployments, HPAs, PDBs, pods and ReplicaSets."""
+watches only its own ConfigMaps, Services, Deployments, HPAs and PDBs."""
 CHILD_KINDS = ("ConfigMap", "Service", "Deployment", "HorizontalPodAutoscaler",
                "PodDisruptionBudget")
 """The kinds of :data:`_CHILDREN`, as a pass reads them (and the watch cache keeps them)."""
-SEEDED_KINDS = (*CHILD_KINDS, "ReplicaSet")
-"""What a namespace's seeding lists (by :data:`CHILD_SELECTOR`), beside the InferenceServices."""
 
 REFUSALS = frozenset({400, 403, 404, 409, 422})
 """Statuses of a child write that say the request itself was refused (invalid, forbidden,
@@ -158,13 +153,13 @@ def reconcile_soon(namespace: str, name: str, settings: OperatorSettings,
 
 
 def seed_namespace(cache: WatchCache, namespace: str) -> None:
-    """List the InferenceServices, each child kind and the ReplicaSets (labelled as the watches
-    are) in ``namespace`` into ``cache`` (:meth:`WatchCache.seed`): seven requests.
+    """List the InferenceServices and each child kind (labelled as the watches are) in
+    ``namespace`` into ``cache`` (:meth:`WatchCache.seed`): six requests.
 
     Raises:
         kube.KubeError: a list was refused.
     """
-    lists = {kind: kube.list_objects(kind, namespace, CHILD_SELECTOR) for kind in SEEDED_KINDS}
+    lists = {kind: kube.list_objects(kind, namespace, CHILD_SELECTOR) for kind in CHILD_KINDS}
     lists[resource.KIND] = kube.list_objects(resource.KIND, namespace)
     cache.seed(namespace, lists)
 
@@ -269,23 +264,26 @@ def _collect_config_maps(namespace: str, name: str, owner: manifests.Owner,
                          cache: WatchCache | None) -> None:
     """Delete the service's revision ConfigMaps that this pass does not want and that no
     Deployment or ReplicaSet of the service mounts (:func:`reconcile.unused_config_maps`);
-    note each in ``done["deleted"]``. Read from ``cache`` when given, else listed (two
-    requests). A ConfigMap changed or replaced since it was read is left for a later pass.
+    note each in ``done["deleted"]``. The ConfigMaps are read from ``cache`` when given (else
+    listed); the ReplicaSets are listed only when a ConfigMap is unused by the Deployments
+    (one request, after a change of what a role serves; the operator does not watch them).
+    A ConfigMap changed or replaced since it was read is left for a later pass. The
+    Deployment controller prunes an old ReplicaSet without a Deployment event, so its
+    ConfigMap goes at the service's next pass, a resync at the latest.
 
     Raises:
         kube.KubeError: the API failed in a way worth retrying.
     """
-    if cache is not None:
-        found = {kind: cache.grouped(kind, namespace, name) for kind in ("ConfigMap", "ReplicaSet")}
-    else:
-        selector = f"{CHILD_SELECTOR},{manifests.LABEL_SERVICE}={name}"
-        found = {kind: kube.list_objects(kind, namespace, selector)[0]
-                 for kind in ("ConfigMap", "ReplicaSet")}
-    config_maps = {cm["metadata"]["name"]: cm for cm in found["ConfigMap"]
+    selector = f"{CHILD_SELECTOR},{manifests.LABEL_SERVICE}={name}"
+    found = (cache.grouped("ConfigMap", namespace, name) if cache is not None
+             else kube.list_objects("ConfigMap", namespace, selector)[0])
+    config_maps = {cm["metadata"]["name"]: cm for cm in found
                    if manifests.is_revision_config(cm)}
-    holders = [*found["ReplicaSet"],
-               *(body for (kind, _), body in live.items() if kind == "Deployment" and body)]
+    holders = [body for (kind, _), body in live.items() if kind == "Deployment" and body]
     keep = [child for kind, child in live if kind == "ConfigMap"]
+    if not reconcile.unused_config_maps(config_maps.values(), holders, keep, owner.uid):
+        return
+    holders += kube.list_objects("ReplicaSet", namespace, selector)[0]
     for unused in reconcile.unused_config_maps(config_maps.values(), holders, keep, owner.uid):
         meta = config_maps[unused]["metadata"]
         try:
@@ -452,7 +450,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # a just-created CRD's watch cache initializes) costs at most a minute.
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
-    for group, version, plural in (*_CHILDREN, _PODS, _REPLICA_SETS):  # the API server filters
+    for group, version, plural in (*_CHILDREN, _PODS):  # the API server filters
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     if getattr(memo, "tailguard", None) is None:
         memo.tailguard = OperatorSettings.from_env(os.environ)
@@ -670,24 +668,6 @@ def pod_changed(*, type: str | None, body: kopf.Body, namespace: str | None, mem
         except BaseException:
             pods.forget(body)  # the pod's next event must get its pass
             raise
-
-
-@kopf.on.event(*_REPLICA_SETS, id="replica-sets",
-               labels={manifests.LABEL_MANAGED_BY: manifests.MANAGED_BY})
-def replica_set_changed(*, type: str | None, body: kopf.Body, namespace: str | None,
-                        memo: Any, **_: Any) -> None:
-    """Keep each ReplicaSet of the operator's Deployments in the watch cache (what a pass reads
-    of it: the ConfigMaps its pods mount). A deletion (the Deployment controller prunes
-    ReplicaSets beyond ``revisionHistoryLimit``) reconciles its InferenceService, whose
-    revision ConfigMaps it may have been the last to mount; other changes start no pass."""
-    cache = _cache(memo)
-    if type == "DELETED":
-        cache.drop(body)
-    else:
-        cache.keep(body)
-    service = (body.get("metadata", {}).get("labels") or {}).get(manifests.LABEL_SERVICE)
-    if type == "DELETED" and namespace and service:
-        reconcile_soon(namespace, service, memo.tailguard, cache, _pods(memo))
 
 
 for _group, _version, _plural in _CHILDREN:

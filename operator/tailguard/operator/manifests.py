@@ -247,7 +247,7 @@ def config_map(isvc: resource.InferenceService, owner: Owner, role: str) -> dict
         ValueError: ``role`` is not a role.
     """
     text = json.dumps(role_config(isvc, role), indent=2, sort_keys=True) + "\n"
-    metadata = _metadata(isvc, owner, "Deployment", role)  # the role's labels
+    metadata = _metadata(isvc, owner, "ConfigMap", role)
     metadata["name"] = config_map_name(isvc.name, role, config_checksum(isvc, role))
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "immutable": True, "data": {CONFIG_KEY: text}}

@@ -71,7 +71,7 @@ NAMESPACED_RESOURCES = {
     ("", "configmaps"): ["get", "list", "watch", "create", "patch", "delete"],
     ("", "services"): ["get", "list", "watch", "create", "patch"],
     ("apps", "deployments"): ["get", "list", "watch", "create", "patch"],
-    ("apps", "replicasets"): ["get", "list", "watch"],
+    ("apps", "replicasets"): ["list"],
     ("autoscaling", "horizontalpodautoscalers"): ["get", "list", "watch", "create", "patch"],
     ("policy", "poddisruptionbudgets"): ["get", "list", "watch", "create", "patch"],
     ("", "pods"): ["get", "list", "watch"],
@@ -79,7 +79,7 @@ NAMESPACED_RESOURCES = {
 }
 """What the operator touches in a watched namespace, and the verbs it uses (the children go
 with their owner through garbage collection; the operator deletes only a revision ConfigMap
-that no ReplicaSet, read only, mounts any more;
+that no ReplicaSet (listed, never written) mounts any more;
 `update` on the owner's finalizers is what OwnerReferencesPermissionEnforcement asks of a
 controller that sets blockOwnerDeletion; the runtime pods are only read, by the SLO guard)."""
 

@@ -77,33 +77,28 @@ def test_bodies_that_are_mappings_but_not_dicts_are_kept() -> None:
     assert cache.get("Service", "ns", "a") == obj("a", "3", spec={"x": [1, 2]})
 
 
-def test_a_replica_set_is_kept_as_the_config_maps_it_mounts_and_found_by_its_group() -> None:
+def test_objects_are_found_by_their_group_label() -> None:
     cache = WatchCache(group_label="svc")
-    volumes = [{"name": "config", "projected": {"sources": [{"configMap": {"name": "c-1"}}]}}]
-    labels = {"labels": {"svc": "iris"}}
-    cache.keep(obj("iris-primary-5d9f", "3", kind="ReplicaSet", spec={
-        "replicas": 2, "template": {"metadata": labels,
-                                    "spec": {"containers": [{"name": "x"}], "volumes": volumes}}}))
-    primary = cache.get("ReplicaSet", "ns", "iris-primary-5d9f")
-    assert primary is not None and primary["spec"] == {"template": {"spec": {"volumes": volumes}}}
     for name, version, namespace, svc in (("iris-primary-5d9f", "4", "ns", "iris"),
                                           ("iris-fallback-77aa", "5", "ns", "iris"),
                                           ("iris-x", "6", "other", "iris"),
                                           ("irises-primary-1", "7", "ns", "irises")):
-        body = obj(name, version, kind="ReplicaSet", namespace=namespace)
+        body = obj(name, version, kind="ConfigMap", namespace=namespace)
         body["metadata"]["labels"] = {"svc": svc}
         cache.keep(body)
+    cache.keep(obj("unlabelled", "8", kind="ConfigMap"))
 
     def grouped(group: str, namespace: str = "ns") -> list[str]:
-        return sorted(o["metadata"]["name"] for o in cache.grouped("ReplicaSet", namespace, group))
+        return sorted(o["metadata"]["name"] for o in cache.grouped("ConfigMap", namespace, group))
 
     assert grouped("iris") == ["iris-fallback-77aa", "iris-primary-5d9f"]
     assert grouped("irises") == ["irises-primary-1"] and grouped("iris", "other") == ["iris-x"]
-    relabelled = obj("irises-primary-1", "8", kind="ReplicaSet")
+    assert cache.grouped("Service", "ns", "iris") == []
+    relabelled = obj("irises-primary-1", "9", kind="ConfigMap")
     relabelled["metadata"]["labels"] = {"svc": "iris"}
     cache.keep(relabelled)
     assert grouped("irises") == [] and "irises-primary-1" in grouped("iris")
-    cache.drop(obj("iris-fallback-77aa", "9", kind="ReplicaSet"))
-    cache.seed("ns", {"ReplicaSet": ([relabelled], "10")})
+    cache.drop(obj("iris-fallback-77aa", "10", kind="ConfigMap"))
+    cache.seed("ns", {"ConfigMap": ([relabelled], "11")})  # the list lacks iris-primary-5d9f
     assert grouped("iris") == ["irises-primary-1"]
     assert grouped("iris", "other") == ["iris-x"]
