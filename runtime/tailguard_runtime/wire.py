@@ -49,6 +49,18 @@ class V2Request:
     timeout_us: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class V1Request:
+    """A decoded KServe v1 ``:predict`` request.
+
+    ``x``: ``(n_rows, n_features)`` float64; ``probabilities``: the client asked for class
+    probabilities instead of labels (``"parameters": {"probabilities": true}``).
+    """
+
+    x: np.ndarray
+    probabilities: bool = False
+
+
 BODY_BYTES_PER_VALUE = 48
 """Room for one tensor value in a valid body: the longest float64 JSON number (24 characters,
 ``-2.2250738585072014e-308``), its separator, and the indentation ``json.dumps(indent=4)``
@@ -159,27 +171,38 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     return V2Request(x, _request_id(doc.get("id")), outputs, _timeout_us(doc.get("parameters")))
 
 
-def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> np.ndarray:
-    """Decode a KServe v1 ``:predict`` body ``{"instances": [[f0, f1, ...], ...]}``.
+def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> V1Request:
+    """Decode a KServe v1 ``:predict`` body ``{"instances": [[f0, f1, ...], ...]}``, with
+    ``"parameters": {"probabilities": true}`` to ask for each row's class probabilities
+    instead of its label (KServe's scikit-learn server answers probabilities for the whole
+    server with ``PREDICT_PROBA``; here each request chooses).
 
-    Returns ``(n_rows, n_features)`` float64. ``max_rows``: as for :func:`decode_v2`.
+    ``max_rows``: as for :func:`decode_v2`.
 
     Raises:
         PayloadTooLarge: more than ``max_rows`` rows (413).
         InvalidInput: malformed JSON (400); no ``instances`` list, ragged or wrong-width rows,
-            non-numeric, boolean or non-finite values (422).
+            non-numeric, boolean or non-finite values, ``parameters`` that is not an object or
+            a ``probabilities`` that is not a boolean (422).
     """
     doc = _loads(body)
     instances = doc.get("instances") if isinstance(doc, dict) else None
     if not isinstance(instances, list) or not instances:
         raise InvalidInput(f"body must be {{\"instances\": [[{n_features} numbers], ...]}} "
                            "with at least one row")
+    parameters = doc.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"parameters must be an object, got {preview(parameters)}")
+    probabilities = parameters.get("probabilities", False)
+    if type(probabilities) is not bool:
+        raise InvalidInput("parameters.probabilities must be true or false, got "
+                           f"{preview(probabilities)}")
     _check_rows(len(instances), max_rows)
     x = _to_matrix(instances, "instances", False, f"rows of {n_features} numbers")
     if x.ndim != 2 or x.shape[1] != n_features:
         raise InvalidInput(f"instances: each row must have {n_features} numbers; got an array of "
                            f"shape {list(x.shape)}")
-    return x
+    return V1Request(x, probabilities)
 
 
 def encode_v2(model_name: str, version: str, request_id: str | None,
@@ -228,7 +251,11 @@ def header_value(text: str) -> bytes:
 
 
 def encode_v1(predictions: np.ndarray) -> bytes:
-    """Encode a v1 response ``{"predictions": [...]}``, one entry per row."""
+    """Encode a v1 response ``{"predictions": [...]}``, one entry per row: a label, or, for
+    ``(n_rows, n_classes)`` probabilities, a list per row."""
+    if predictions.ndim > 1:
+        return orjson.dumps({"predictions": np.ascontiguousarray(predictions)},
+                            option=orjson.OPT_SERIALIZE_NUMPY)
     return orjson.dumps({"predictions": _flat(predictions)}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 

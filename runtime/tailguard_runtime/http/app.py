@@ -51,6 +51,7 @@ from tailguard_runtime.metrics import DECODE_QUEUE_BYTES, REFUSALS_DELAYED
 from tailguard_runtime.models import Predictor, check_input_range
 from tailguard_runtime.service import Runtime, ServedModel
 from tailguard_runtime.wire import (
+    V1Request,
     V2Request,
     check_stated_size,
     check_structure,
@@ -70,6 +71,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+PROBABILITIES = "predict_proba"
+"""The output a classifier's class probabilities come out as (last of its outputs)."""
 JSON_HEADERS = [(b"content-type", b"application/json")]
 CLOSING_HEADERS = JSON_HEADERS + [(b"connection", b"close")]
 INCOMPLETE = "the connection closed before the whole request body arrived"
@@ -256,20 +259,15 @@ class InferenceApp:
                 decoded = await self._decodes.run(
                     functools.partial(self._decode, body, encoding, predictor, v2), len(body),
                     arrival + timeout_s, scope.get(CLIENT_GONE, _never))
-            if isinstance(decoded, V2Request):
-                request = decoded
-                x = request.x
-                if request.timeout_us is not None:
-                    timeout_s = min(timeout_s, request.timeout_us / 1e6)
-            else:
-                x = decoded
+            if isinstance(decoded, V2Request) and decoded.timeout_us is not None:
+                timeout_s = min(timeout_s, decoded.timeout_us / 1e6)
             admitted = True
-            outputs = await served.batcher.submit(x, timeout_s)
-            if v2:
-                payload = encode_v2(runtime.name, served.version, request.id, predictor.outputs,
-                                    outputs, request.outputs, served.parameters)
+            outputs = await served.batcher.submit(decoded.x, timeout_s)
+            if isinstance(decoded, V2Request):
+                payload = encode_v2(runtime.name, served.version, decoded.id, predictor.outputs,
+                                    outputs, decoded.outputs, served.parameters)
             else:
-                payload = encode_v1(outputs[0])
+                payload = encode_v1(outputs[-1 if decoded.probabilities else 0])
         except TailguardError as exc:
             await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
                              close=(body is None and _has_body(scope)) or RETIRING in scope,
@@ -305,14 +303,15 @@ class InferenceApp:
                 and timeout_s < self.default_timeout_s and timeout_s < self.slo_s)
 
     def _decode(self, body: bytes, encoding: bytes | None, predictor: Predictor,
-                v2: bool) -> V2Request | Any:
-        """Inflate, decode and range-check a body (v2: a :class:`V2Request`; v1: ``X`` of
-        shape ``(n_rows, n_features)`` float64). Pure CPU work, run on the loop for small plain
-        bodies and in the decode thread otherwise.
+                v2: bool) -> V2Request | V1Request:
+        """Inflate, decode and range-check a body (a :class:`V2Request` or a
+        :class:`V1Request`). Pure CPU work, run on the loop for small plain bodies and in the
+        decode thread otherwise.
 
         Raises:
             InvalidInput, PayloadTooLarge: as :func:`decompress`, :func:`check_structure`,
-                :func:`decode_v2`, :func:`decode_v1` and :func:`check_input_range` do.
+                :func:`decode_v2`, :func:`decode_v1` and :func:`check_input_range` do; and 422
+                for v1 probabilities asked of a model that has none (a regressor).
         """
         if encoding is not None:
             body = decompress(body, encoding, self.max_body)
@@ -321,9 +320,12 @@ class InferenceApp:
             request = decode_v2(body, predictor.n_features, predictor.output_names, self.max_rows)
             check_input_range(request.x, predictor, "inputs[0]")
             return request
-        x = decode_v1(body, predictor.n_features, self.max_rows)
-        check_input_range(x, predictor, "instances")
-        return x
+        v1 = decode_v1(body, predictor.n_features, self.max_rows)
+        if v1.probabilities and predictor.outputs[-1].name != PROBABILITIES:
+            raise InvalidInput("parameters.probabilities: this model gives no probabilities "
+                               f"(its outputs: {', '.join(predictor.output_names)})")
+        check_input_range(v1.x, predictor, "instances")
+        return v1
 
     async def _read_body(self, receive: Receive, deadline: float, complete: bool) -> bytes:
         """The whole request body; a body in several parts must be complete by ``deadline``
@@ -471,6 +473,16 @@ def build_app(runtime: Runtime) -> InferenceApp:
     async def server_metadata() -> dict[str, Any]:
         return {"name": "tailguard", "version": __version__, "extensions": []}
 
+    def readiness() -> TailguardError | None:
+        """Why the model is not ready to serve, or ``None`` when it is."""
+        if runtime.broken is not None:
+            return NotReady(runtime.broken)
+        if runtime.draining:
+            return Draining("runtime is draining")
+        if not runtime.ready:
+            return NotReady("models are not loaded yet")
+        return None
+
     @api.get("/v2/models/{name}")
     @api.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
@@ -488,9 +500,34 @@ def build_app(runtime: Runtime) -> InferenceApp:
     @api.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
         runtime.resolve(name, version)
-        if runtime.draining or not runtime.ready or runtime.broken is not None:
+        if readiness() is not None:
             raise NotReady(f"model {name!r} is not ready")
         return {"name": runtime.name, "ready": True}
+
+    # KServe's v1 listing and readiness (its data plane: GET /v1/models, /v1/models/{name});
+    # tailguard serves one model under the InferenceService's name
+    @api.get("/v1/models")
+    async def v1_models() -> dict[str, Any]:
+        return {"models": [runtime.name]}
+
+    @api.get("/v1/models/{name}")
+    async def v1_model_ready(name: str) -> dict[str, Any]:
+        runtime.resolve(name, None)
+        if (problem := readiness()) is not None:
+            raise problem
+        return {"name": runtime.name, "ready": True}
+
+    # the model repository extension's index (Triton, KServe), and KServe's v2 listing
+    @api.post("/v2/repository/index")
+    async def repository_index() -> list[dict[str, Any]]:
+        problem = readiness()
+        return [{"name": runtime.name, "version": runtime.active.version,
+                 "state": "READY" if problem is None else "UNAVAILABLE",
+                 "reason": "" if problem is None else problem.message}]
+
+    @api.get("/v2/models")
+    async def v2_models() -> dict[str, Any]:
+        return {"models": [runtime.name]}
 
     @api.get("/metrics")
     async def prometheus() -> Response:

@@ -153,3 +153,38 @@ def test_streamed_chunked_body_is_read_whole(
                         headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
     np.testing.assert_array_equal(r.json()["predictions"], digits_model.predict(x))
+
+
+def test_v1_answers_class_probabilities_when_asked(
+        digits_server: RuntimeServer, digits_model: Any,
+        digits_data: tuple[np.ndarray, np.ndarray]) -> None:
+    x = digits_data[0][700:706]
+    with digits_server.client() as client:
+        labels_only = client.post("/v1/models/digits:predict", json=v1_body(x))
+        asked = client.post("/v1/models/digits:predict", json={
+            **v1_body(x), "parameters": {"probabilities": True}})
+        refused = client.post("/v1/models/digits:predict", json={
+            **v1_body(x), "parameters": {"probabilities": "yes"}})
+    assert labels_only.status_code == 200 and asked.status_code == 200, asked.text
+    np.testing.assert_array_equal(labels_only.json()["predictions"], digits_model.predict(x))
+    assert set(asked.json()) == {"predictions"}
+    np.testing.assert_allclose(asked.json()["predictions"], digits_model.predict_proba(x),
+                               rtol=0, atol=1e-12)
+    assert refused.status_code == 422
+    assert refused.json() == {"error": "parameters.probabilities must be true or false, got "
+                                       '"yes"'}
+
+
+def test_kserve_listing_readiness_and_the_repository_index(
+        digits_server: RuntimeServer) -> None:
+    with digits_server.client() as client:
+        v1_list, v2_list = client.get("/v1/models"), client.get("/v2/models")
+        ready, unknown = client.get("/v1/models/digits"), client.get("/v1/models/iris")
+        index = client.post("/v2/repository/index", json={})
+        predict_by_get = client.get("/v1/models/digits:predict")
+    assert v1_list.json() == v2_list.json() == {"models": ["digits"]}
+    assert ready.status_code == 200 and ready.json() == {"name": "digits", "ready": True}
+    assert unknown.status_code == 404 and "'iris' not found" in unknown.json()["error"]
+    assert index.status_code == 200
+    assert index.json() == [{"name": "digits", "version": "1", "state": "READY", "reason": ""}]
+    assert predict_by_get.status_code == 405

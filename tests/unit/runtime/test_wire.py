@@ -77,11 +77,19 @@ def test_v2_bad_bodies_name_what_was_expected(body: bytes, status: int, needle: 
 
 
 def test_v1_rows_and_errors() -> None:
-    np.testing.assert_array_equal(decode_v1(b'{"instances": [[1, 2], [3, 4]]}', 2), [[1, 2], [3, 4]])
+    plain = decode_v1(b'{"instances": [[1, 2], [3, 4]]}', 2)
+    np.testing.assert_array_equal(plain.x, [[1, 2], [3, 4]])
+    assert plain.probabilities is False
+    assert decode_v1(b'{"instances": [[1, 2]], "parameters": {"probabilities": true}}',
+                     2).probabilities is True
     for body, needle in [(b'{"instances": []}', "at least one row"),
                          (b'{"inputs": [[1, 2]]}', '"instances"'),
                          (b'{"instances": [[1, 2, 3]]}', "each row must have 2 numbers"),
-                         (b'{"instances": [1, 2]}', "each row must have 2 numbers")]:
+                         (b'{"instances": [1, 2]}', "each row must have 2 numbers"),
+                         (b'{"instances": [[1, 2]], "parameters": []}',
+                          "parameters must be an object, got []"),
+                         (b'{"instances": [[1, 2]], "parameters": {"probabilities": 1}}',
+                          "parameters.probabilities must be true or false, got 1")]:
         with pytest.raises(InvalidInput) as info:
             decode_v1(body, 2)
         assert needle in info.value.message
