@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -88,6 +89,10 @@ class Predictor:
     batching, so such a row never costs its batch-mates a bisection."""
     estimator: Any = dataclasses.field(default=None, repr=False, compare=False)
     """The fitted estimator itself (for ``tailguard report``'s model size); None if unknown."""
+    feature_names: tuple[str, ...] | None = None
+    """The estimator's ``feature_names_in_`` (set by scikit-learn when it was fitted on
+    columns with string names), in its order; ``None`` when it has none. A v2 request may then
+    send one tensor per feature, by name."""
 
     @functools.cached_property
     def output_names(self) -> tuple[str, ...]:
@@ -251,12 +256,18 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
                              "(no n_features_in_)")
     _single_thread(estimator)
     limit = FLOAT32_MAX if float32_estimator(estimator) else None
+    found = getattr(estimator, "feature_names_in_", None)
+    names = (tuple(str(n) for n in found)
+             if found is not None and len(found) == int(n_features) else None)
+    if names is not None:  # the runtime always passes an array, in the model's own order
+        warnings.filterwarnings("ignore", message="X does not have valid feature names",
+                                category=UserWarning)
     classes = getattr(estimator, "classes_", None)
     if classes is None:
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
         return Predictor(uri, int(n_features), (OutputSpec("predict", "FP64", (-1,)),), run,
-                         None, type(estimator).__name__, limit, estimator)
+                         None, type(estimator).__name__, limit, estimator, names)
 
     classes = np.asarray(classes)
     label_type = _datatype(classes.dtype)
@@ -279,7 +290,7 @@ def wrap_estimator(uri: str, estimator: Any, *, fast_forests: bool = True) -> Pr
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             return (np.asarray(estimator.predict(x)),)
     return Predictor(uri, int(n_features), tuple(outputs), run, tuple(classes.tolist()),
-                     type(estimator).__name__, limit, estimator)
+                     type(estimator).__name__, limit, estimator, names)
 
 
 def load_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:

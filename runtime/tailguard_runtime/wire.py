@@ -107,8 +107,14 @@ def check_structure(body: bytes, max_rows: int) -> None:
 
 
 def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
-              max_rows: int | None = None) -> V2Request:
+              max_rows: int | None = None,
+              feature_names: Sequence[str] | None = None) -> V2Request:
     """Decode and validate a v2 ``/infer`` body for a model with ``n_features`` features.
+
+    The inputs are one tensor ``[n_rows, n_features]``, or, for a model that knows its feature
+    names (``feature_names``: scikit-learn's ``feature_names_in_``), one tensor per feature,
+    each named for its feature, shaped ``[n_rows]`` or ``[n_rows, 1]``, in any order: they are
+    put in the model's order (:func:`_decode_columns`).
 
     ``max_rows``: refuse a tensor with more rows before converting its data (they could never
     be queued, and converting millions of values would stall the event loop for nothing).
@@ -125,9 +131,17 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
     inputs = doc.get("inputs")
+    if isinstance(inputs, list) and len(inputs) > 1 and feature_names:
+        x = _decode_columns(inputs, feature_names, max_rows)
+        outputs = _requested_outputs(doc.get("outputs"), known_outputs)
+        return V2Request(x, _request_id(doc.get("id")), outputs,
+                         _timeout_us(doc.get("parameters")))
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        per_feature = (f", or one tensor per feature named {', '.join(feature_names)}"
+                       if feature_names else "")
         raise InvalidInput("'inputs' must be a list of exactly one tensor "
-                           f"{{name, shape: [n_rows, {n_features}], datatype, data}}")
+                           f"{{name, shape: [n_rows, {n_features}], datatype, data}}"
+                           f"{per_feature}")
     tensor = inputs[0]
     name = tensor.get("name", "input-0")
     datatype = tensor.get("datatype")
@@ -169,6 +183,68 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     x = x.reshape(shape[0], shape[1])
     outputs = _requested_outputs(doc.get("outputs"), known_outputs)
     return V2Request(x, _request_id(doc.get("id")), outputs, _timeout_us(doc.get("parameters")))
+
+
+def _decode_columns(inputs: list[Any], feature_names: Sequence[str],
+                    max_rows: int | None) -> np.ndarray:
+    """One tensor per feature (``{name, shape: [n_rows] | [n_rows, 1], datatype, data}``),
+    as ``(n_rows, n_features)`` float64 in ``feature_names``' order, each checked as a lone
+    tensor is (datatype, shape, element count, finite numbers, INT64 and FP32 ranges).
+
+    Raises:
+        PayloadTooLarge: more than ``max_rows`` rows (413).
+        InvalidInput: names missing, unknown or given twice, unequal row counts, or a tensor
+            that fails its checks (422).
+    """
+    by_name: dict[str, dict[str, Any]] = {}
+    for i, tensor in enumerate(inputs):
+        name = tensor.get("name") if isinstance(tensor, dict) else None
+        if not isinstance(name, str):
+            raise InvalidInput(f"inputs[{i}]: a tensor per feature needs its feature's name")
+        if name in by_name:
+            raise InvalidInput(f"inputs[{i}]: feature {name!r} is given twice")
+        by_name[name] = tensor
+    missing = [n for n in feature_names if n not in by_name]
+    unknown = [n for n in by_name if n not in set(feature_names)]
+    if missing or unknown:
+        raise InvalidInput("one tensor per feature: "
+                           + "; ".join(part for part in (
+                               f"missing {', '.join(missing)}" if missing else "",
+                               f"unknown {', '.join(unknown)}" if unknown else "") if part)
+                           + f" (the model's features: {', '.join(feature_names)})")
+    columns = []
+    rows: int | None = None
+    for name in feature_names:
+        tensor = by_name[name]
+        datatype = tensor.get("datatype")
+        if datatype not in V2_DATATYPES:
+            raise InvalidInput(f"inputs ({name}): datatype must be one of "
+                               f"{', '.join(V2_DATATYPES)}, got {preview(datatype)}")
+        shape = tensor.get("shape")
+        if (not isinstance(shape, list) or len(shape) not in (1, 2)
+                or not all(type(d) is int and d >= 0 for d in shape)
+                or (len(shape) == 2 and shape[1] != 1) or shape[0] == 0):
+            raise InvalidInput(f"inputs ({name}): shape must be [n_rows] or [n_rows, 1] with "
+                               f"n_rows > 0, got {preview(shape)}")
+        if rows is None:
+            rows = shape[0]
+            _check_rows(rows, max_rows)
+        elif shape[0] != rows:
+            raise InvalidInput(f"inputs ({name}): {shape[0]} rows, but the first feature has "
+                               f"{rows}; every feature needs one value per row")
+        data = tensor.get("data")
+        if not isinstance(data, list) or len(data) != rows:
+            raise InvalidInput(f"inputs ({name}): 'data' must be a list of {rows} numbers")
+        column = _to_matrix(data, f"inputs ({name}).data", datatype == "INT64",
+                            "one number per row")
+        if column.size != rows:
+            raise InvalidInput(f"inputs ({name}): shape {shape} needs {rows} values, data has "
+                               f"{column.size}")
+        if datatype == "FP32" and np.abs(column).max(initial=0.0) > FP32_MAX:
+            raise InvalidInput(f"inputs ({name}).data: FP32 values beyond {FP32_MAX:.7g} are "
+                               "out of float32 range; send FP64")
+        columns.append(column.reshape(rows))
+    return np.column_stack(columns)
 
 
 def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> V1Request:

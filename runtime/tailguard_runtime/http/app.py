@@ -317,7 +317,8 @@ class InferenceApp:
             body = decompress(body, encoding, self.max_body)
         check_structure(body, self.max_rows)
         if v2:
-            request = decode_v2(body, predictor.n_features, predictor.output_names, self.max_rows)
+            request = decode_v2(body, predictor.n_features, predictor.output_names, self.max_rows,
+                                predictor.feature_names)
             check_input_range(request.x, predictor, "inputs[0]")
             return request
         v1 = decode_v1(body, predictor.n_features, self.max_rows)
@@ -493,7 +494,9 @@ def build_app(runtime: Runtime) -> InferenceApp:
             "inputs": [{"name": "input-0", "datatype": "FP64", "shape": [-1, p.n_features]}],
             "outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
                         for o in p.outputs],
-            "parameters": {"role": served.role, "uri": p.uri, "estimator": p.estimator_type},
+            "parameters": {"role": served.role, "uri": p.uri, "estimator": p.estimator_type,
+                           **({"feature_names": list(p.feature_names)}
+                              if p.feature_names else {})},
         }
 
     @api.get("/v2/models/{name}/ready")

@@ -6,7 +6,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tailguard_runtime.errors import InvalidInput
+from tailguard_runtime.errors import InvalidInput, PayloadTooLarge
 from tailguard_runtime.models import OutputSpec
 from tailguard_runtime.wire import (
     decode_v1,
@@ -121,7 +121,6 @@ def test_compressed_bodies_are_inflated_within_the_limit() -> None:
     import gzip
     import zlib
 
-    from tailguard_runtime.errors import PayloadTooLarge
     from tailguard_runtime.wire import decompress
 
     body = b'{"instances": [[1, 2]]}'
@@ -220,3 +219,22 @@ def test_a_body_of_more_arrays_than_rows_is_refused_before_parsing() -> None:
     check_structure(too_many_rows, max_rows=512)
     with pytest.raises(InvalidInput):
         check_structure(b"[" * (2 * 512 + STRUCTURE_SLACK + 1), max_rows=512)
+
+
+def test_v2_one_tensor_per_named_feature_is_put_in_the_models_order() -> None:
+    names = ("a", "b", "c")
+    body = orjson.dumps({"inputs": [
+        {"name": "c", "datatype": "INT64", "shape": [2], "data": [5, 6]},
+        {"name": "a", "datatype": "FP64", "shape": [2, 1], "data": [1.5, 2.5]},
+        {"name": "b", "datatype": "FP32", "shape": [2], "data": [[3], [4]]}], "id": "t"})
+    request = decode_v2(body, 3, OUTPUTS, feature_names=names)
+    np.testing.assert_array_equal(request.x, [[1.5, 3, 5], [2.5, 4, 6]])
+    assert request.id == "t" and request.x.dtype == np.float64
+    with pytest.raises(PayloadTooLarge):
+        decode_v2(body, 3, OUTPUTS, max_rows=1, feature_names=names)
+    # a model without feature names takes one tensor, and says so
+    with pytest.raises(InvalidInput, match="exactly one tensor") as info:
+        decode_v2(body, 3, OUTPUTS)
+    assert "per feature" not in info.value.message
+    with pytest.raises(InvalidInput, match="or one tensor per feature named a, b, c"):
+        decode_v2(orjson.dumps({"inputs": []}), 3, OUTPUTS, feature_names=names)
