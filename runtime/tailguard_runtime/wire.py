@@ -27,6 +27,10 @@ if TYPE_CHECKING:  # only for annotations: the models module fetches and loads f
     from tailguard_runtime.models import OutputSpec
 
 V2_DATATYPES = ("FP32", "FP64", "INT64")
+BINARY_DTYPES: Mapping[str, np.dtype[Any]] = {
+    "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"), "INT64": np.dtype("<i8")}
+"""How each input datatype is laid out as binary tensor data: little-endian, row-major (the
+binary tensor data extension of the v2 REST protocol, as Triton defines it)."""
 _NUMBER_TYPES = frozenset((int, float))
 INT64_EXACT = 2**53
 """The largest INT64 magnitude a float64 holds exactly (IEEE 754: a 53-bit significand);
@@ -40,13 +44,15 @@ class V2Request:
     """A decoded v2 inference request.
 
     ``x``: ``(n_rows, n_features)`` float64; ``outputs``: requested output names (``None``: all);
-    ``timeout_us``: the client's ``parameters.timeout`` in microseconds, if any.
+    ``timeout_us``: the client's ``parameters.timeout`` in microseconds, if any; ``binary``:
+    the outputs to answer as binary tensor data (:func:`encode_v2`).
     """
 
     x: np.ndarray
     id: str | None
     outputs: tuple[str, ...] | None
     timeout_us: float | None
+    binary: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +114,8 @@ def check_structure(body: bytes, max_rows: int) -> None:
 
 def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
               max_rows: int | None = None,
-              feature_names: Sequence[str] | None = None) -> V2Request:
+              feature_names: Sequence[str] | None = None,
+              binary: bytes | None = None) -> V2Request:
     """Decode and validate a v2 ``/infer`` body for a model with ``n_features`` features.
 
     The inputs are one tensor ``[n_rows, n_features]``, or, for a model that knows its feature
@@ -119,9 +126,17 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     ``max_rows``: refuse a tensor with more rows before converting its data (they could never
     be queued, and converting millions of values would stall the event loop for nothing).
 
+    ``binary``: the bytes after the JSON header of a request that uses the binary tensor data
+    extension (``Inference-Header-Content-Length``), or ``None``. An input with
+    ``parameters.binary_data_size`` has its values there, in the order of the inputs, as
+    :data:`BINARY_DTYPES` lays them out (:class:`BinaryTail`). Outputs are answered in binary
+    when the request's ``parameters.binary_data_output`` is true (unless an output says
+    ``binary_data: false``) or an output's ``parameters.binary_data`` is true.
+
     Raises:
         PayloadTooLarge: more than ``max_rows`` rows (413).
-        InvalidInput: malformed JSON (400); missing or extra inputs, unsupported datatype, wrong
+        InvalidInput: malformed JSON, or binary data whose declared sizes do not add up to the
+            bytes after the header (400); missing or extra inputs, unsupported datatype, wrong
             shape or feature count, element count not matching the shape, non-numeric, boolean
             or non-finite values, ``INT64`` values beyond 2**53 (:data:`INT64_EXACT`), ``FP32``
             values beyond float32's range, unknown requested outputs or ``outputs: []``, a bad
@@ -131,11 +146,10 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
     inputs = doc.get("inputs")
+    tail = BinaryTail(inputs, binary)
     if isinstance(inputs, list) and len(inputs) > 1 and feature_names:
-        x = _decode_columns(inputs, feature_names, max_rows)
-        outputs = _requested_outputs(doc.get("outputs"), known_outputs)
-        return V2Request(x, _request_id(doc.get("id")), outputs,
-                         _timeout_us(doc.get("parameters")))
+        x = _decode_columns(inputs, feature_names, max_rows, tail)
+        return _v2_request(doc, x, known_outputs)
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         per_feature = (f", or one tensor per feature named {', '.join(feature_names)}"
                        if feature_names else "")
@@ -159,12 +173,11 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     if shape[0] == 0:
         raise InvalidInput(f"inputs[0] ({name}): shape {shape} has no rows")
     _check_rows(shape[0], max_rows)
+    if tail.has(0):
+        x = tail.values(0, f"inputs[0] ({name})", datatype, shape)
+        return _v2_request(doc, x.reshape(shape[0], shape[1]), known_outputs)
     data = tensor.get("data")
     if not isinstance(data, list):
-        parameters = tensor.get("parameters")
-        if isinstance(parameters, dict) and parameters.get("binary_data_size") is not None:
-            raise InvalidInput(f"inputs[0] ({name}): binary tensor data is not supported; send "
-                               "JSON data (tritonclient: set_data_from_numpy(x, binary_data=False))")
         raise InvalidInput(f"inputs[0] ({name}): 'data' must be a list of numbers")
     nested = bool(data) and type(data[0]) is list
     if len(data) != (shape[0] if nested else shape[0] * shape[1]):  # before any conversion
@@ -180,13 +193,98 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
     if x.size != shape[0] * shape[1]:
         raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs {shape[0] * shape[1]} "
                            f"values, data has {x.size}")
-    x = x.reshape(shape[0], shape[1])
-    outputs = _requested_outputs(doc.get("outputs"), known_outputs)
-    return V2Request(x, _request_id(doc.get("id")), outputs, _timeout_us(doc.get("parameters")))
+    return _v2_request(doc, x.reshape(shape[0], shape[1]), known_outputs)
+
+
+def _v2_request(doc: Mapping[str, Any], x: np.ndarray, known_outputs: Sequence[str]
+                ) -> V2Request:
+    """The :class:`V2Request` of a decoded body ``doc`` whose inputs gave ``x``.
+
+    Raises:
+        InvalidInput: bad ``outputs``, ``id`` or ``parameters`` (422).
+    """
+    raw_outputs = doc.get("outputs")
+    outputs = _requested_outputs(raw_outputs, known_outputs)
+    parameters = doc.get("parameters")
+    timeout_us = _timeout_us(parameters)
+    everything = bool(parameters.get("binary_data_output")) if parameters else False
+    binary: set[str] = set(known_outputs) if everything and outputs is None else set()
+    for requested in raw_outputs or ():
+        wants = (requested.get("parameters") or {}).get("binary_data", everything)
+        if wants is True:
+            binary.add(requested["name"])
+        elif wants is not False:
+            raise InvalidInput(f"outputs ({requested['name']}): parameters.binary_data must be "
+                               f"true or false, got {preview(wants)}")
+    return V2Request(x, _request_id(doc.get("id")), outputs, timeout_us, frozenset(binary))
+
+
+class BinaryTail:
+    """The binary tensor data after a request's JSON header, split among the inputs that
+    declare ``parameters.binary_data_size``, in their order.
+
+    Every declared size is checked on construction, before any value is read: each a whole
+    number, together exactly the bytes there are.
+
+    Raises:
+        InvalidInput: a declared size that is not a non-negative integer, sizes declared with
+            no binary data sent, or sizes that do not add up to the bytes after the header (400).
+    """
+
+    def __init__(self, inputs: Any, tail: bytes | None) -> None:
+        self.tail = tail or b""
+        self.spans: dict[int, tuple[int, int]] = {}
+        offset = 0
+        for i, tensor in enumerate(inputs if isinstance(inputs, list) else ()):
+            parameters = tensor.get("parameters") if isinstance(tensor, dict) else None
+            size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+            if size is None:
+                continue
+            if type(size) is not int or size < 0:
+                raise InvalidInput(f"inputs[{i}]: parameters.binary_data_size must be a "
+                                   f"non-negative integer, got {preview(size)}", 400)
+            if tail is None:
+                raise InvalidInput(f"inputs[{i}]: parameters.binary_data_size needs the binary "
+                                   "tensor data after a JSON header of the length the "
+                                   "Inference-Header-Content-Length header states", 400)
+            self.spans[i] = (offset, offset + size)
+            offset += size
+        if tail is not None and offset != len(tail):
+            raise InvalidInput(f"the inputs declare {offset} bytes of binary tensor data "
+                               f"(parameters.binary_data_size), but {len(tail)} follow the "
+                               "JSON header", 400)
+
+    def has(self, index: int) -> bool:
+        """Whether input ``index`` has its values in the binary data."""
+        return index in self.spans
+
+    def values(self, index: int, field: str, datatype: str, shape: Sequence[int]) -> np.ndarray:
+        """Input ``index``'s values as a flat float64 array of ``prod(shape)`` values.
+
+        Raises:
+            InvalidInput: its size is not ``prod(shape)`` values of ``datatype``; a value that
+                is not finite, or an INT64 beyond 2**53 (422).
+        """
+        start, end = self.spans[index]
+        dtype = BINARY_DTYPES[datatype]
+        count = int(np.prod(shape))
+        if end - start != count * dtype.itemsize:
+            raise InvalidInput(f"{field}: shape {list(shape)} of {datatype} needs "
+                               f"{count * dtype.itemsize} bytes, binary_data_size is "
+                               f"{end - start}")
+        raw = np.frombuffer(self.tail, dtype=dtype, count=count, offset=start)
+        if datatype == "INT64" and count and np.abs(raw).max() > INT64_EXACT:
+            raise InvalidInput(f"{field}: INT64 values beyond 2**53 cannot be represented "
+                               "exactly; they are refused, not rounded")
+        x: np.ndarray = raw.astype(np.float64)
+        if not np.isfinite(x).all():
+            raise InvalidInput(f"{field}: values must be finite numbers (NaN or infinity in "
+                               "the binary data)")
+        return x
 
 
 def _decode_columns(inputs: list[Any], feature_names: Sequence[str],
-                    max_rows: int | None) -> np.ndarray:
+                    max_rows: int | None, tail: BinaryTail) -> np.ndarray:
     """One tensor per feature (``{name, shape: [n_rows] | [n_rows, 1], datatype, data}``),
     as ``(n_rows, n_features)`` float64 in ``feature_names``' order, each checked as a lone
     tensor is (datatype, shape, element count, finite numbers, INT64 and FP32 ranges).
@@ -197,13 +295,14 @@ def _decode_columns(inputs: list[Any], feature_names: Sequence[str],
             that fails its checks (422).
     """
     by_name: dict[str, dict[str, Any]] = {}
+    index: dict[str, int] = {}
     for i, tensor in enumerate(inputs):
         name = tensor.get("name") if isinstance(tensor, dict) else None
         if not isinstance(name, str):
             raise InvalidInput(f"inputs[{i}]: a tensor per feature needs its feature's name")
         if name in by_name:
             raise InvalidInput(f"inputs[{i}]: feature {name!r} is given twice")
-        by_name[name] = tensor
+        by_name[name], index[name] = tensor, i
     missing = [n for n in feature_names if n not in by_name]
     unknown = [n for n in by_name if n not in set(feature_names)]
     if missing or unknown:
@@ -232,6 +331,9 @@ def _decode_columns(inputs: list[Any], feature_names: Sequence[str],
         elif shape[0] != rows:
             raise InvalidInput(f"inputs ({name}): {shape[0]} rows, but the first feature has "
                                f"{rows}; every feature needs one value per row")
+        if tail.has(index[name]):
+            columns.append(tail.values(index[name], f"inputs ({name})", datatype, shape))
+            continue
         data = tensor.get("data")
         if not isinstance(data, list) or len(data) != rows:
             raise InvalidInput(f"inputs ({name}): 'data' must be a list of {rows} numbers")
@@ -284,25 +386,58 @@ def decode_v1(body: bytes, n_features: int, max_rows: int | None = None) -> V1Re
 def encode_v2(model_name: str, version: str, request_id: str | None,
               specs: Sequence[OutputSpec], outputs: Sequence[np.ndarray],
               wanted: tuple[str, ...] | None,
-              parameters: Mapping[str, str] | None = None) -> bytes:
+              parameters: Mapping[str, str] | None = None,
+              binary: frozenset[str] = frozenset()) -> tuple[bytes, int | None]:
     """Encode a v2 inference response; ``outputs`` align with ``specs``, row axis first.
 
     ``version`` is the served model's version (``model_version``); ``parameters``, when given,
     become the response's ``parameters`` object (the runtime sends ``role`` and ``model_uri``,
-    see :func:`served_by`).
+    see :func:`served_by`). The outputs named in ``binary`` are sent as binary tensor data:
+    ``parameters.binary_data_size`` in the JSON instead of ``data``, their bytes after it in
+    order (numbers little-endian; ``BYTES`` as a 4-byte little-endian length and the UTF-8
+    bytes of each element).
+
+    Returns the body and, when some output is binary, the JSON header's length (the
+    ``Inference-Header-Content-Length`` header), else ``None``.
     """
     tensors = []
+    chunks: list[bytes] = []
     for spec, value in zip(specs, outputs):
         if wanted is not None and spec.name not in wanted:
             continue
-        tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": list(value.shape),
-                        "data": _flat(value)})
+        tensor: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype,
+                                  "shape": list(value.shape)}
+        if spec.name in binary:
+            raw = _binary(value, spec.datatype)
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            tensor["data"] = _flat(value)
+        tensors.append(tensor)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": version, "outputs": tensors}
     if request_id is not None:
         doc["id"] = request_id
     if parameters is not None:
         doc["parameters"] = parameters
-    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+OUTPUT_DTYPES = {"FP64": np.dtype("<f8"), "INT64": np.dtype("<i8"), "BOOL": np.dtype("?")}
+"""The little-endian layout of each numeric output datatype in binary tensor data."""
+
+
+def _binary(value: np.ndarray, datatype: str) -> bytes:
+    """An output's values as binary tensor data (row-major)."""
+    if datatype == "BYTES":
+        parts = []
+        for item in value.ravel().tolist():
+            encoded = str(item).encode()
+            parts.append(len(encoded).to_bytes(4, "little") + encoded)
+        return b"".join(parts)
+    return np.ascontiguousarray(value, dtype=OUTPUT_DTYPES[datatype]).tobytes()
 
 
 ROLE_HEADER = "x-tailguard-role"
@@ -324,6 +459,23 @@ def header_value(text: str) -> bytes:
     """``text`` as a header value: printable ASCII kept, anything else (non-ASCII, control
     characters) percent-encoded as UTF-8 bytes."""
     return "".join(c if " " <= c <= "~" else quote(c, safe="") for c in text).encode("ascii")
+
+
+def parse_header_length(value: bytes, v2: bool) -> int:
+    """The ``Inference-Header-Content-Length`` header's value: how many bytes of the body are
+    the JSON request, before its binary tensor data.
+
+    Raises:
+        InvalidInput: not a non-negative decimal integer, or sent to a v1 route (400).
+    """
+    if not v2:
+        raise InvalidInput("binary tensor data (Inference-Header-Content-Length) is part of "
+                           "the v2 protocol: send it to /v2/models/{name}/infer", 400)
+    text = value.decode("latin-1").strip()
+    if not text.isdigit() or len(text) > 12:
+        raise InvalidInput("Inference-Header-Content-Length must be the JSON header's length "
+                           f"in bytes, got {text[:40]!r}", 400)
+    return int(text)
 
 
 def encode_v1(predictions: np.ndarray) -> bytes:

@@ -61,6 +61,7 @@ from tailguard_runtime.wire import (
     encode_v1,
     encode_v2,
     max_valid_body_bytes,
+    parse_header_length,
     parse_timeout_header,
 )
 
@@ -237,6 +238,7 @@ class InferenceApp:
             served = resolved
             timeout_s = self.default_timeout_s
             encoding = None
+            header_length: int | None = None
             for key, value in scope["headers"]:
                 if key == b"content-length" and int(value) > self.max_body:
                     raise PayloadTooLarge(f"body of {int(value)} bytes exceeds the limit of "
@@ -244,28 +246,30 @@ class InferenceApp:
                 if key == b"x-request-timeout-ms":
                     timeout_s = min(timeout_s, parse_timeout_header(value))
                 if key == b"inference-header-content-length":
-                    raise InvalidInput("binary tensor data is not supported; send JSON tensors "
-                                       "(tritonclient: binary_data=False)", 400)
+                    header_length = parse_header_length(value, v2)
                 if key == b"content-encoding":
                     encoding = value
             body = await self._read_body(receive, arrival + timeout_s, BODY_COMPLETE in scope)
             arrival = perf_counter()
             predictor = served.predictor
             if encoding is None and len(body) <= INLINE_DECODE_BYTES:
-                decoded = self._decode(body, encoding, predictor, v2)
+                decoded = self._decode(body, encoding, predictor, v2, header_length)
             else:
                 if encoding is not None:  # a gzip bomb that says so is refused here, cheaply
                     check_stated_size(body, encoding, self.max_body)
                 decoded = await self._decodes.run(
-                    functools.partial(self._decode, body, encoding, predictor, v2), len(body),
+                    functools.partial(self._decode, body, encoding, predictor, v2,
+                                      header_length), len(body),
                     arrival + timeout_s, scope.get(CLIENT_GONE, _never))
             if isinstance(decoded, V2Request) and decoded.timeout_us is not None:
                 timeout_s = min(timeout_s, decoded.timeout_us / 1e6)
             admitted = True
             outputs = await served.batcher.submit(decoded.x, timeout_s)
+            binary_length = None
             if isinstance(decoded, V2Request):
-                payload = encode_v2(runtime.name, served.version, decoded.id, predictor.outputs,
-                                    outputs, decoded.outputs, served.parameters)
+                payload, binary_length = encode_v2(
+                    runtime.name, served.version, decoded.id, predictor.outputs, outputs,
+                    decoded.outputs, served.parameters, decoded.binary)
             else:
                 payload = encode_v1(outputs[-1 if decoded.probabilities else 0])
         except TailguardError as exc:
@@ -282,6 +286,10 @@ class InferenceApp:
             return
         keep = runtime.keep_alive and RETIRING not in scope
         headers = self.headers[served.role][0 if keep else 1]
+        if binary_length is not None:  # the same headers, as the binary extension has them
+            headers = [(b"content-type", b"application/octet-stream"),
+                       (b"inference-header-content-length", b"%d" % binary_length),
+                       *headers[1:]]
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
         await send({"type": "http.response.body", "body": payload})
@@ -303,22 +311,31 @@ class InferenceApp:
                 and timeout_s < self.default_timeout_s and timeout_s < self.slo_s)
 
     def _decode(self, body: bytes, encoding: bytes | None, predictor: Predictor,
-                v2: bool) -> V2Request | V1Request:
+                v2: bool, header_length: int | None = None) -> V2Request | V1Request:
         """Inflate, decode and range-check a body (a :class:`V2Request` or a
-        :class:`V1Request`). Pure CPU work, run on the loop for small plain bodies and in the
-        decode thread otherwise.
+        :class:`V1Request`). ``header_length``: the ``Inference-Header-Content-Length`` of a v2
+        body with binary tensor data (the JSON is that many bytes of the inflated body, the
+        binary data the rest). Pure CPU work, run on the loop for small plain bodies and in
+        the decode thread otherwise.
 
         Raises:
             InvalidInput, PayloadTooLarge: as :func:`decompress`, :func:`check_structure`,
-                :func:`decode_v2`, :func:`decode_v1` and :func:`check_input_range` do; and 422
-                for v1 probabilities asked of a model that has none (a regressor).
+                :func:`decode_v2`, :func:`decode_v1` and :func:`check_input_range` do; 422
+                for v1 probabilities asked of a model that has none (a regressor); 400 for a
+                header length beyond the body.
         """
         if encoding is not None:
             body = decompress(body, encoding, self.max_body)
+        binary = None
+        if header_length is not None:
+            if header_length > len(body):
+                raise InvalidInput(f"Inference-Header-Content-Length is {header_length}, but "
+                                   f"the body has {len(body)} bytes", 400)
+            body, binary = body[:header_length], body[header_length:]
         check_structure(body, self.max_rows)
         if v2:
             request = decode_v2(body, predictor.n_features, predictor.output_names, self.max_rows,
-                                predictor.feature_names)
+                                predictor.feature_names, binary)
             check_input_range(request.x, predictor, "inputs[0]")
             return request
         v1 = decode_v1(body, predictor.n_features, self.max_rows)

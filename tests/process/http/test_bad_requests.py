@@ -53,6 +53,17 @@ def _v2(*, shape: Any = (1, N), datatype: Any = "FP64", data: Any = None,
     return json.dumps({"inputs": [tensor], **extra}).encode()
 
 
+def _bin_header(shape: list[int] | None = None) -> bytes:
+    """The JSON header of a v2 request with one FP64 row of binary tensor data."""
+    return json.dumps({"inputs": [{"name": "input-0", "shape": shape or [1, N],
+                                   "datatype": "FP64",
+                                   "parameters": {"binary_data_size": N * 8}}]}).encode()
+
+
+_BIN_HEADER = _bin_header()
+_BIN_ROW = np.zeros(N, dtype="<f8").tobytes()
+
+
 def _raw_row(first: str) -> str:
     """A JSON row of 64 numbers whose first entry is the raw token ``first``."""
     return "[" + ", ".join([first] + ["0"] * (N - 1)) + "]"
@@ -156,6 +167,21 @@ BAD = [
           if path == V1 else _v2(), 400, ("X-Request-Timeout-Ms",),
           headers={"X-Request-Timeout-Ms": v})
       for v, path in [("abc", V2), ("0", V1), ("-5", V2), ("nan", V2), ("inf", V1)]],
+    # binary tensor data whose framing does not add up: 400; whose sizes miss the shape: 422
+    *[Bad(f"binary-{name}", path, body, status, says,
+          headers={"Inference-Header-Content-Length": length})
+      for name, path, body, length, status, says in [
+          ("header-beyond-body", V2, _BIN_HEADER + _BIN_ROW, str(len(_BIN_HEADER) + 600), 400,
+           ("Inference-Header-Content-Length is", "the body has")),
+          ("header-not-a-number", V2, _BIN_HEADER + _BIN_ROW, "12k", 400,
+           ("Inference-Header-Content-Length must be",)),
+          ("bytes-left-over", V2, _BIN_HEADER + _BIN_ROW + b"\0" * 8, str(len(_BIN_HEADER)),
+           400, ("declare 512 bytes", "520 follow")),
+          ("on-v1", V1, _BIN_HEADER + _BIN_ROW, str(len(_BIN_HEADER)), 400,
+           ("part of the v2 protocol",)),
+          ("size-misses-the-shape", V2, _bin_header(shape=[2, N]) + _BIN_ROW,
+           str(len(_bin_header(shape=[2, N]))), 422, ("needs 1024 bytes", "is 512")),
+      ]],
     # more rows than the queue can ever hold: 413
     Bad("rows-over-queue-v2", V2, _v2(shape=(DIGITS_MAX_QUEUE + 1, N),
                                       data=[0.0] * N * (DIGITS_MAX_QUEUE + 1)), 413,

@@ -1,6 +1,6 @@
-"""NVIDIA's own HTTP client (``tritonclient.http``, JSON tensors) works against the runtime.
+"""NVIDIA's own HTTP client (``tritonclient.http``) works against the runtime, with its
+defaults (binary tensor data both ways) and with JSON tensors.
 
-Binary tensors are not supported; the runtime must say so in a way the client shows the user.
 ``timeout=`` (microseconds, sent as ``parameters.timeout``) is a deadline the runtime honours.
 """
 
@@ -82,15 +82,30 @@ def test_infer_requested_output_subset(client: triton.InferenceServerClient, dig
     np.testing.assert_array_equal(result.as_numpy("predict"), digits_model.predict(x))
 
 
-def test_binary_tensors_are_refused_with_a_hint(client: triton.InferenceServerClient,
-                                                digits_data: tuple[np.ndarray, np.ndarray]) -> None:
-    x = digits_data[0][:2]
-    with pytest.raises(InferenceServerException) as info:
-        client.infer("digits", [_input(x, binary=True)])
-    assert info.value.status() == "400"
-    assert "binary_data=False" in info.value.message()
-    # the server is unharmed
-    assert client.is_server_ready() is True
+@pytest.mark.parametrize("datatype", ["FP64", "FP32"])
+def test_the_clients_defaults_binary_tensors_both_ways(
+        client: triton.InferenceServerClient, digits_model: Any,
+        digits_data: tuple[np.ndarray, np.ndarray], datatype: str) -> None:
+    """``set_data_from_numpy(x)`` sends binary tensor data by default, and with no ``outputs``
+    the client asks for every output in binary (``binary_data_output``)."""
+    x = digits_data[0][200:270]
+    tensor = triton.InferInput("input-0", list(x.shape), datatype)
+    tensor.set_data_from_numpy(x.astype({"FP64": np.float64, "FP32": np.float32}[datatype]))
+    result = client.infer("digits", [tensor], request_id="binary")
+    response = result.get_response()
+    assert response["id"] == "binary"
+    assert all("data" not in o and o["parameters"]["binary_data_size"] > 0
+               for o in response["outputs"])
+    np.testing.assert_array_equal(result.as_numpy("predict"), digits_model.predict(x))
+    np.testing.assert_allclose(result.as_numpy("predict_proba"), digits_model.predict_proba(x),
+                               rtol=0, atol=1e-12)
+    # binary in, one output asked for as JSON and one in binary
+    mixed = client.infer("digits", [tensor], outputs=[
+        triton.InferRequestedOutput("predict", binary_data=False),
+        triton.InferRequestedOutput("predict_proba")])
+    kinds = {o["name"]: "data" in o for o in mixed.get_response()["outputs"]}
+    assert kinds == {"predict": True, "predict_proba": False}
+    np.testing.assert_array_equal(mixed.as_numpy("predict"), digits_model.predict(x))
 
 
 def test_infer_unknown_model_is_404(client: triton.InferenceServerClient,

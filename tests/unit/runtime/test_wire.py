@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import orjson
 import pytest
@@ -98,12 +100,12 @@ def test_v1_rows_and_errors() -> None:
 def test_encoders_follow_the_protocols() -> None:
     specs = (OutputSpec("predict", "INT64", (-1,)), OutputSpec("predict_proba", "FP64", (-1, 2)))
     outputs = (np.array([1, 0]), np.array([[0.25, 0.75], [0.5, 0.5]]))
-    doc = orjson.loads(encode_v2("m", "1", "abc", specs, outputs, None))
+    doc = orjson.loads(encode_v2("m", "1", "abc", specs, outputs, None)[0])
     assert doc == {"model_name": "m", "model_version": "1", "id": "abc", "outputs": [
         {"name": "predict", "datatype": "INT64", "shape": [2], "data": [1, 0]},
         {"name": "predict_proba", "datatype": "FP64", "shape": [2, 2],
          "data": [0.25, 0.75, 0.5, 0.5]}]}
-    only = orjson.loads(encode_v2("m", "1", None, specs, outputs, ("predict_proba",)))
+    only = orjson.loads(encode_v2("m", "1", None, specs, outputs, ("predict_proba",))[0])
     assert [o["name"] for o in only["outputs"]] == ["predict_proba"] and "id" not in only
     assert orjson.loads(encode_v1(np.array(["cat", "dog"], dtype=object))) == {
         "predictions": ["cat", "dog"]}
@@ -193,7 +195,8 @@ def test_identity_headers_carry_any_uri_as_ascii() -> None:
 def test_v2_answer_carries_its_parameters() -> None:
     spec = OutputSpec("predict", "INT64", (-1,))
     doc = orjson.loads(encode_v2("m", "3", None, [spec], [np.array([1])], None,
-                                 {"role": "primary", "model_uri": "builtin://iris/random-forest"}))
+                                 {"role": "primary", "model_uri": "builtin://iris/random-forest"}
+                                 )[0])
     assert doc["model_version"] == "3"
     assert doc["parameters"] == {"role": "primary", "model_uri": "builtin://iris/random-forest"}
 
@@ -238,3 +241,50 @@ def test_v2_one_tensor_per_named_feature_is_put_in_the_models_order() -> None:
     assert "per feature" not in info.value.message
     with pytest.raises(InvalidInput, match="or one tensor per feature named a, b, c"):
         decode_v2(orjson.dumps({"inputs": []}), 3, OUTPUTS, feature_names=names)
+
+
+def test_binary_tensor_data_in_and_out() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    header = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 2],
+                                       "parameters": {"binary_data_size": x.nbytes}}],
+                           "outputs": [{"name": "predict", "parameters": {"binary_data": True}},
+                                       {"name": "predict_proba"}]})
+    request = decode_v2(header, 2, OUTPUTS, binary=x.tobytes())
+    np.testing.assert_array_equal(request.x, x)
+    assert request.binary == frozenset({"predict"})
+    everything = orjson.dumps({**orjson.loads(header), "outputs": None,
+                               "parameters": {"binary_data_output": True}})
+    assert decode_v2(everything, 2, OUTPUTS, binary=x.tobytes()).binary == set(OUTPUTS)
+    specs = [OutputSpec("predict", "BYTES", (-1,)), OutputSpec("predict_proba", "FP64", (-1, 2))]
+    proba = np.array([[0.25, 0.75]])
+    body, length = encode_v2("m", "1", None, specs, [np.array(["cat"]), proba], None,
+                             binary=frozenset(OUTPUTS))
+    assert length is not None
+    doc = orjson.loads(body[:length])
+    assert [o["parameters"]["binary_data_size"] for o in doc["outputs"]] == [7, 16]
+    assert "data" not in doc["outputs"][0]
+    assert body[length:] == (3).to_bytes(4, "little") + b"cat" + proba.astype("<f8").tobytes()
+    assert encode_v2("m", "1", None, specs, [np.array(["cat"]), proba], None)[1] is None
+
+
+@pytest.mark.parametrize(("tensor", "tail", "status", "needle"), [
+    ({"shape": [1, 2], "parameters": {"binary_data_size": 16}}, b"\0" * 8, 400,
+     "declare 16 bytes of binary tensor data (parameters.binary_data_size), but 8 follow"),
+    ({"shape": [1, 2], "parameters": {"binary_data_size": 8}}, b"\0" * 8, 422,
+     "shape [1, 2] of FP64 needs 16 bytes, binary_data_size is 8"),
+    ({"shape": [1, 2], "parameters": {"binary_data_size": -1}}, b"", 400,
+     "binary_data_size must be a non-negative integer, got -1"),
+    ({"shape": [1, 2], "parameters": {"binary_data_size": 16}}, None, 400,
+     "needs the binary tensor data after a JSON header"),
+    ({"shape": [1, 2], "parameters": {"binary_data_size": 16}},
+     np.array([1.0, np.nan]).tobytes(), 422, "values must be finite numbers"),
+    ({"shape": [1, 2], "datatype": "INT64", "parameters": {"binary_data_size": 16}},
+     np.array([1, 2**60], dtype="<i8").tobytes(), 422, "INT64 values beyond 2**53"),
+])
+def test_binary_tensor_data_that_does_not_add_up_is_refused(
+        tensor: dict[str, Any], tail: bytes | None, status: int, needle: str) -> None:
+    header = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP64", **tensor}]})
+    with pytest.raises(InvalidInput) as info:
+        decode_v2(header, 2, OUTPUTS, binary=tail)
+    assert info.value.status_code == status
+    assert needle in info.value.message
