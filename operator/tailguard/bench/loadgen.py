@@ -48,6 +48,7 @@ from tailguard.bench.plan import (
     percentiles_ms,
 )
 from tailguard.bench.promview import ServerSnapshot, scrape
+from tailguard.bench.target import binary_header_length
 
 TICK_S = 0.1
 """Period of the timeout watchdog and of progress reports, s."""
@@ -60,7 +61,10 @@ class Target:
 
     ``host``/``port``/``path``: the inference route (``/v2/models/NAME/infer``); ``bodies``: JSON
     bodies sent in turn (each of ``rows_per_request`` rows); ``metrics_path``: the server's
-    Prometheus route, read at the start and end of the measured window (None: not read).
+    Prometheus route, read at the start and end of the measured window (None: not read);
+    ``binary``: the bodies use the binary tensor data extension
+    (:func:`tailguard.bench.target.encode_bodies` with ``binary``), sent with their
+    ``Inference-Header-Content-Length``.
     """
 
     host: str
@@ -69,12 +73,22 @@ class Target:
     bodies: tuple[bytes, ...]
     rows_per_request: int = 1
     metrics_path: str | None = "/metrics"
+    binary: bool = False
 
     def requests(self) -> list[bytes]:
-        """Each body as a complete HTTP/1.1 keep-alive POST."""
-        head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                "Content-Type: application/json\r\nContent-Length: ")
-        return [(head + f"{len(b)}\r\n\r\n").encode("ascii") + b for b in self.bodies]
+        """Each body as a complete HTTP/1.1 keep-alive POST.
+
+        Raises:
+            ValueError: ``binary``, and a body does not start with its JSON header.
+        """
+        start = f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+        heads = []
+        for body in self.bodies:
+            kind = ("Content-Type: application/octet-stream\r\nInference-Header-Content-Length:"
+                    f" {binary_header_length(body)}\r\n" if self.binary
+                    else "Content-Type: application/json\r\n")
+            heads.append(f"{start}{kind}Content-Length: {len(body)}\r\n\r\n".encode("ascii"))
+        return [head + body for head, body in zip(heads, self.bodies)]
 
 
 @dataclass

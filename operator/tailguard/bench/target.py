@@ -146,20 +146,47 @@ def choose_rows(model: ModelInput, rows_file: str | None) -> tuple[np.ndarray, s
 
 
 def encode_bodies(rows: np.ndarray, datatype: str, rows_per_request: int,
-                  limit: int = MAX_BODIES) -> tuple[bytes, ...]:
+                  limit: int = MAX_BODIES, *, binary: bool = False) -> tuple[bytes, ...]:
     """v2 infer bodies of ``rows_per_request`` consecutive rows each (wrapping around), as many
     as cover ``rows`` once, at most ``limit``: ``{"inputs": [{"name": "input-0", "shape": [k,
-    F], "datatype": ..., "data": [...]}]}`` with integers for INT datatypes."""
+    F], "datatype": ..., "data": [...]}]}`` with integers for INT datatypes.
+
+    ``binary``: the binary tensor data extension instead: the JSON header (the input's
+    ``parameters.binary_data_size``, and ``binary_data_output`` so the answer is binary too)
+    followed by the rows, little-endian, as :func:`binary_header_length` finds them.
+    """
     if rows_per_request < 1:
         raise BenchRefused("--rows-per-request must be >= 1")
     n = rows.shape[0]
     count = max(1, min(limit, n // rows_per_request))
     cast = int if datatype.startswith("INT") else float
+    layout = {"FP64": "<f8", "FP32": "<f4", "INT64": "<i8"}.get(datatype)
+    if binary and layout is None:
+        raise BenchRefused(f"--binary: the model's datatype {datatype} has no binary layout")
     bodies = []
     for k in range(count):
         idx = [(k * rows_per_request + j) % n for j in range(rows_per_request)]
+        tensor = {"name": "input-0", "shape": [rows_per_request, rows.shape[1]],
+                  "datatype": datatype}
+        if binary:
+            raw = np.ascontiguousarray(rows[idx], dtype=layout).tobytes()
+            header = json.dumps({"inputs": [{**tensor, "parameters": {
+                "binary_data_size": len(raw)}}], "parameters": {"binary_data_output": True}},
+                separators=(",", ":")).encode()
+            bodies.append(header + raw)
+            continue
         data = [cast(v) for v in rows[idx].ravel().tolist()]
-        bodies.append(json.dumps({"inputs": [{
-            "name": "input-0", "shape": [rows_per_request, rows.shape[1]], "datatype": datatype,
-            "data": data}]}, separators=(",", ":")).encode())
+        bodies.append(json.dumps({"inputs": [{**tensor, "data": data}]},
+                                 separators=(",", ":")).encode())
     return tuple(bodies)
+
+
+def binary_header_length(body: bytes) -> int:
+    """The length in bytes of the JSON header that starts a body :func:`encode_bodies` made
+    with ``binary`` (the ``Inference-Header-Content-Length`` to send with it), found by
+    decoding the JSON document at its start (latin-1 maps each byte to one character).
+
+    Raises:
+        ValueError: the body does not start with a JSON document.
+    """
+    return json.JSONDecoder().raw_decode(body.decode("latin-1"))[1]

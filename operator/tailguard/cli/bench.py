@@ -56,6 +56,9 @@ def add_parser(sub: Any) -> None:
                      help="most connections open at once (default 256)")
     add_rows(cmd)
     cmd.add_argument("--rows-per-request", type=int, default=1, help="rows per request (default 1)")
+    cmd.add_argument("--binary", action="store_true",
+                     help="send the rows as binary tensor data (the v2 binary extension, as "
+                          "tritonclient does by default) and ask for binary outputs")
     cmd.add_argument("--slo-ms", type=float,
                      help="the p99 SLO in ms (default: the spec's slo.p99LatencyMs; needed for "
                           "a sweep against a URL)")
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                                f"{target.host} to load it")
         model = read_metadata(target)
         rows, source = choose_rows(model, args.rows)
-        bodies = encode_bodies(rows, model.datatype, args.rows_per_request)
+        bodies = encode_bodies(rows, model.datatype, args.rows_per_request, binary=args.binary)
         return _measure(args, target, bodies, source, rates, bounds, slo_ms)
     except BenchRefused as exc:
         print(f"tailguard bench: {exc}", file=sys.stderr)
@@ -165,7 +168,7 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
     from tailguard.cli import view
 
     gen_target = Target(target.host, target.port, target.model_path + "/infer", bodies,
-                        args.rows_per_request)
+                        args.rows_per_request, binary=args.binary)
     schedules: list[OpenLoop | ClosedLoop] = (
         [OpenLoop(r, args.arrivals == "poisson", args.seed) for r in rates] if rates
         else [ClosedLoop(args.concurrency)])

@@ -152,6 +152,20 @@ def test_counts_add_up_and_digits_gets_no_422_in_either_mode(digits_up: UpProces
         assert server["event_loop_lag_ms"]["samples"] > 0  # the probe ran through the window
 
 
+def test_binary_tensor_data_is_measured_like_json(digits_up: UpProcess) -> None:
+    """``--binary`` sends the rows as binary tensor data and asks for binary outputs: every
+    request is answered 200, in batches, as the JSON ones are."""
+    url = f"{digits_up.base}/v2/models/digits"
+    code, report, err = bench(url, "--concurrency", "4", "--duration", "2", "--warmup", "0.5",
+                              "--rows-per-request", "5", "--binary", *ROOM)
+    assert code == 0, err
+    assert report is not None
+    run, = report["runs"]
+    assert run["sent"] > 50 and run["ok"] == run["sent"], run
+    assert set(run["server"]["requests"]) == {"200"}
+    assert run["server"]["batch_rows"]["mean"] >= 5
+
+
 def test_an_inference_service_yaml_is_served_measured_and_stopped(tmp_path: Path) -> None:
     spec = tmp_path / "iris.yaml"
     spec.write_text(IRIS)
