@@ -210,7 +210,11 @@ def _v2_request(doc: Mapping[str, Any], x: np.ndarray, known_outputs: Sequence[s
     everything = bool(parameters.get("binary_data_output")) if parameters else False
     binary: set[str] = set(known_outputs) if everything and outputs is None else set()
     for requested in raw_outputs or ():
-        wants = (requested.get("parameters") or {}).get("binary_data", everything)
+        asked = requested.get("parameters")
+        if asked is not None and not isinstance(asked, dict):
+            raise InvalidInput(f"outputs ({preview(requested['name'])}): parameters must be an "
+                               f"object, got {preview(asked)}")
+        wants = (asked or {}).get("binary_data", everything)
         if wants is True:
             binary.add(requested["name"])
         elif wants is not False:

@@ -72,6 +72,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+SERVER_EXTENSIONS = ("binary_tensor_data",)
+"""The v2 protocol extensions the server metadata (``GET /v2``) lists: the binary tensor data
+extension (Triton's name for it). The repository index route is served, but not the rest of
+the model repository extension (loading and unloading), so it is not listed."""
 PROBABILITIES = "predict_proba"
 """The output a classifier's class probabilities come out as (last of its outputs)."""
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -489,7 +493,8 @@ def build_app(runtime: Runtime) -> InferenceApp:
 
     @api.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "tailguard", "version": __version__, "extensions": []}
+        return {"name": "tailguard", "version": __version__,
+                "extensions": list(SERVER_EXTENSIONS)}
 
     def readiness() -> TailguardError | None:
         """Why the model is not ready to serve, or ``None`` when it is."""

@@ -35,6 +35,11 @@ def _input(x: np.ndarray, datatype: str = "FP64", binary: bool = False) -> trito
     return tensor
 
 
+def test_server_metadata_lists_the_binary_extension(client: triton.InferenceServerClient) -> None:
+    meta = client.get_server_metadata()
+    assert meta["name"] == "tailguard" and meta["extensions"] == ["binary_tensor_data"]
+
+
 def test_health_and_readiness(client: triton.InferenceServerClient) -> None:
     assert client.is_server_live() is True
     assert client.is_server_ready() is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -255,6 +256,12 @@ def test_binary_tensor_data_in_and_out() -> None:
     everything = orjson.dumps({**orjson.loads(header), "outputs": None,
                                "parameters": {"binary_data_output": True}})
     assert decode_v2(everything, 2, OUTPUTS, binary=x.tobytes()).binary == set(OUTPUTS)
+    for parameters, needle in (([], "parameters must be an object, got []"),
+                               ({"binary_data": 1}, "binary_data must be true or false, got 1")):
+        odd = orjson.dumps({**orjson.loads(header),
+                            "outputs": [{"name": "predict", "parameters": parameters}]})
+        with pytest.raises(InvalidInput, match=re.escape(needle)):
+            decode_v2(odd, 2, OUTPUTS, binary=x.tobytes())
     specs = [OutputSpec("predict", "BYTES", (-1,)), OutputSpec("predict_proba", "FP64", (-1, 2))]
     proba = np.array([[0.25, 0.75]])
     body, length = encode_v2("m", "1", None, specs, [np.array(["cat"]), proba], None,
