@@ -455,9 +455,12 @@ def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     if getattr(memo, "tailguard", None) is None:
         memo.tailguard = OperatorSettings.from_env(os.environ)
     # made here, before any watch delivers: handlers in several worker threads share them
+    # (kopf gives each object a shallow copy of this memo; a table made later, in a handler,
+    # would be that object's alone)
     _known(memo)
     _cache(memo)
     _pods(memo)
+    _seen(memo)
 
 
 def _known(memo: Any) -> KnownServices:

@@ -37,3 +37,22 @@ def test_run_operator_hands_kopf_its_scope(monkeypatch: pytest.MonkeyPatch) -> N
     assert second["liveness_endpoint"] == "http://0.0.0.0:8080/h"
     # Any peering name, even "", makes kopf's peering mandatory and pauses every watch.
     assert (third["standalone"], third["peering_name"]) == (True, None)
+
+
+def test_the_operators_tables_are_made_once_and_shared_by_every_objects_memo() -> None:
+    """kopf hands each object's handlers a shallow copy of the operator's memo: the tables the
+    handlers share (known services, the watch cache, the pod index, the children seen) must
+    exist in it before the first copy, or each object would get tables of its own (a
+    300-service run held 3,000 tables of children seen, one per child)."""
+    import copy
+
+    import kopf
+
+    from tailguard.operator import handlers
+    from tailguard.operator.settings import OperatorSettings
+
+    memo = kopf.Memo(tailguard=OperatorSettings())
+    handlers.configure(settings=kopf.OperatorSettings(), memo=memo)
+    one, other = copy.copy(memo), copy.copy(memo)
+    for table in (handlers._known, handlers._cache, handlers._pods, handlers._seen):
+        assert table(one) is table(other) is table(memo), table.__name__
