@@ -185,15 +185,28 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
         raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs "
                            f"{shape[0] if nested else shape[0] * shape[1]} {count}, data has "
                            f"{len(data)}")
-    x = _to_matrix(data, f"inputs[0] ({name}).data", datatype == "INT64",
-                   f"flat values or rows of {n_features}")
-    if datatype == "FP32" and np.abs(x).max(initial=0.0) > FP32_MAX:
-        raise InvalidInput(f"inputs[0] ({name}).data: FP32 values beyond {FP32_MAX:.7g} are "
-                           "out of float32 range; send FP64")
-    if x.size != shape[0] * shape[1]:
-        raise InvalidInput(f"inputs[0] ({name}): shape {shape} needs {shape[0] * shape[1]} "
-                           f"values, data has {x.size}")
+    x = _json_values(data, f"inputs[0] ({name})", datatype, shape, shape[0] * shape[1],
+                     f"flat values or rows of {n_features}")
     return _v2_request(doc, x.reshape(shape[0], shape[1]), known_outputs)
+
+
+def _json_values(data: list[Any], where: str, datatype: str, shape: Sequence[int], count: int,
+                 expected: str) -> np.ndarray:
+    """A tensor's JSON ``data`` as float64 (``where``: the tensor, for messages; ``count``: the
+    values its ``shape`` needs; ``expected``: what the data should look like, for messages).
+
+    Raises:
+        InvalidInput: values that are not finite numbers, INT64 values beyond 2**53, FP32
+            values beyond float32's range, or not ``count`` of them (422).
+    """
+    x = _to_matrix(data, f"{where}.data", datatype == "INT64", expected)
+    if datatype == "FP32" and np.abs(x).max(initial=0.0) > FP32_MAX:
+        raise InvalidInput(f"{where}.data: FP32 values beyond {FP32_MAX:.7g} are out of "
+                           "float32 range; send FP64")
+    if x.size != count:
+        raise InvalidInput(f"{where}: shape {list(shape)} needs {count} values, data has "
+                           f"{x.size}")
+    return x
 
 
 def _v2_request(doc: Mapping[str, Any], x: np.ndarray, known_outputs: Sequence[str]
@@ -341,14 +354,8 @@ def _decode_columns(inputs: list[Any], feature_names: Sequence[str],
         data = tensor.get("data")
         if not isinstance(data, list) or len(data) != rows:
             raise InvalidInput(f"inputs ({name}): 'data' must be a list of {rows} numbers")
-        column = _to_matrix(data, f"inputs ({name}).data", datatype == "INT64",
-                            "one number per row")
-        if column.size != rows:
-            raise InvalidInput(f"inputs ({name}): shape {shape} needs {rows} values, data has "
-                               f"{column.size}")
-        if datatype == "FP32" and np.abs(column).max(initial=0.0) > FP32_MAX:
-            raise InvalidInput(f"inputs ({name}).data: FP32 values beyond {FP32_MAX:.7g} are "
-                               "out of float32 range; send FP64")
+        column = _json_values(data, f"inputs ({name})", datatype, shape, rows,
+                              "one number per row")
         columns.append(column.reshape(rows))
     return np.column_stack(columns)
 

@@ -293,6 +293,7 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
     its pods, and nothing else does.
     """
     labels = role_labels(isvc.name, role)
+    checksum = config_checksum(isvc, role)
     ref = isvc.model if role == "primary" else isvc.fallback
     probe = {"periodSeconds": 2, "timeoutSeconds": 1}
     container = {
@@ -332,8 +333,7 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
     pod_spec = {
         "containers": [container],
         "volumes": [{"name": "config", "projected": {"sources": [
-                        {"configMap": {"name": config_map_name(
-                            isvc.name, role, config_checksum(isvc, role)),
+                        {"configMap": {"name": config_map_name(isvc.name, role, checksum),
                             "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]}},
                         {"configMap": {"name": child_name(isvc.name, "ConfigMap"),
                                        "items": [{"key": TRAFFIC_KEY, "path": TRAFFIC_KEY}]}}]}},
@@ -362,7 +362,7 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {CHECKSUM_ANNOTATION: config_checksum(isvc, role),
+                    "annotations": {CHECKSUM_ANNOTATION: checksum,
                                     "prometheus.io/scrape": "true",
                                     "prometheus.io/port": str(PORT),
                                     "prometheus.io/path": "/metrics"},
