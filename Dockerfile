@@ -81,11 +81,14 @@ ENV OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1 \
     BLIS_NUM_THREADS=1 \
     NUMEXPR_NUM_THREADS=1
-# Fail the build if a bundled demo dataset cannot be read offline.
-RUN python -c "from tailguard_runtime.models import DATASETS, load_dataset; [load_dataset(n) for n in DATASETS]"
+# Fail the build if a bundled demo dataset cannot be read offline, or if the gRPC service's
+# generated modules are missing (hack/proto/build.py writes them; make install runs it).
+RUN python -c "from tailguard_runtime.models import DATASETS, load_dataset; [load_dataset(n) for n in DATASETS]" \
+ && python -c "import tailguard_runtime.rpc.service"
 USER 10001:10001
-# One port for inference, health and /metrics, named `http` in the pods.
-EXPOSE 8080
+# HTTP (inference, health and /metrics, named `http` in the pods) and the Open Inference
+# Protocol's gRPC service (spec.grpcPort, 8081 by default, named `grpc`).
+EXPOSE 8080 8081
 ENTRYPOINT ["tailguard-runtime"]
 # The operator mounts the runtime config (a ConfigMap) at /etc/tailguard/runtime.json and adds
 # `--role primary|fallback` to these arguments.

@@ -13,7 +13,7 @@ EXAMPLE ?= examples/digits.yaml
 PORT ?= 8080
 HELM_DIR ?= .ci/bin
 
-.PHONY: up test test-kube install install-test bench clean crds
+.PHONY: up test test-kube install install-test proto bench clean crds
 
 # The stamps make `make up` and `make test` install only when pyproject.toml or
 # constraints.txt changed since the last install (or the venv is new).
@@ -27,16 +27,21 @@ $(PY):
 # PYTHONWARNINGS: setuptools' editable build prints a 12-line BuildBackendWarning (folders
 # named like a package) that --quiet does not silence; nothing here acts on it.
 $(INSTALLED): pyproject.toml constraints.txt | $(PY)
-	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -c constraints.txt -e '.[operator,tools]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -c constraints.txt -e '.[operator,tools,proto]'
 	touch $@
 
 $(INSTALLED_TEST): pyproject.toml constraints.txt | $(PY)
 	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@ $(INSTALLED)
 
-install: $(INSTALLED)
+# The gRPC service's message classes, compiled from the protocol's pinned .proto into the
+# runtime package (git ignores them); quick and silent when they are up to date.
+proto: $(INSTALLED)
+	@$(PY) hack/proto/build.py
 
-install-test: $(INSTALLED_TEST)
+install: $(INSTALLED) proto
+
+install-test: $(INSTALLED_TEST) proto
 	PYTHON=$(PY) bash scripts/install-helm.sh $(HELM_DIR)
 
 up: install

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import sys
+from typing import Awaitable, Callable
 
 from tailguard_runtime.errors import ModelLoadError, model_cause
 from tailguard_runtime.server import (
@@ -19,6 +20,7 @@ from tailguard_runtime.server import (
     base_url,
     bind_socket,
     follow_traffic,
+    free_port,
     limit_threads,
     run,
     serve,
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve only this role's model (the cluster runs one role per pod)")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                        help="port of the gRPC service (default: the config's grpcPort, 8081 "
+                             "unless set; a free one with --port 0; 0 picks a free one)")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--no-fast-forests", dest="fast_forests", action="store_false",
                         help="call scikit-learn's own forest predict_proba (for comparisons)")
@@ -83,13 +88,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailguard-runtime: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)
         return 2
-    logger.info("serving service=%s on %s", settings.name, base_url(args.host, sock.getsockname()[1]))
+    grpc_port = args.grpc_port
+    if grpc_port is None:
+        grpc_port = 0 if args.port == 0 else settings.grpc_port
+    try:
+        if grpc_port is not None:
+            grpc_port = free_port(args.host, grpc_port)
+    except OSError as exc:
+        print(f"tailguard-runtime: cannot listen on {args.host}:{grpc_port} for gRPC: "
+              f"{exc.strerror}", file=sys.stderr)
+        return 2
+    logger.info("serving service=%s on %s grpc=%s", settings.name,
+                base_url(args.host, sock.getsockname()[1]), grpc_port)
+    follow: Callable[[DrainingServer], Awaitable[None]] | None = None
     if args.role:
         async def follow(_: DrainingServer) -> None:
             await follow_traffic(runtime, args.traffic or args.config, args.role)
-        run(serve(runtime, sock, on_started=follow))
-    else:
-        run(serve(runtime, sock))
+    try:
+        run(serve(runtime, sock, grpc_port=grpc_port, on_started=follow))
+    except OSError as exc:  # the gRPC port
+        print(f"tailguard-runtime: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,10 +1,10 @@
 """The process lifecycle: listen, serve, and drain on SIGTERM.
 
 Shutdown order, on the first SIGTERM or SIGINT: readiness turns 503 and admission stops (new
-requests get 503 while the listener is still open), the forming batch is flushed at once, every
+requests get 503, or ``UNAVAILABLE`` on gRPC, while the listeners are still open), the forming batch is flushed at once, every
 admitted request gets up to ``drain_grace_seconds`` to finish, whatever is still unanswered then
 gets 503 (never a dropped connection), and only then does uvicorn close the listener and the idle
-connections. A second SIGINT forces the exit. In a cluster a preStop delay before SIGTERM lets
+connections, and the gRPC server stops. A second SIGINT forces the exit. In a cluster a preStop delay before SIGTERM lets
 the endpoints update first.
 
 ``tailguard-runtime`` (:mod:`tailguard_runtime.main`) is the container entry point; ``tailguard up``
@@ -23,6 +23,7 @@ import signal
 import socket
 from typing import Any, Awaitable, Callable, Iterator
 
+import grpc
 import uvicorn
 
 from tailguard_runtime.errors import TailguardError
@@ -31,6 +32,7 @@ from tailguard_runtime.http.connections import bounded_protocol
 from tailguard_runtime.http.pool import raise_fd_limit
 from tailguard_runtime.looplag import LoopLagProbe
 from tailguard_runtime.metrics import EVENT_LOOP_LAG
+from tailguard_runtime.rpc.service import grpc_server
 from tailguard_runtime.service import Runtime
 from tailguard_runtime.settings import RuntimeSettings
 
@@ -45,6 +47,8 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.runtime = runtime
         self._drain_task: asyncio.Task[None] | None = None
+        self.grpc_port: int | None = None
+        """The port the gRPC service listens on (``None``: none), once serving."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -107,17 +111,37 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def free_port(host: str, port: int) -> int:
+    """``port`` when it can be bound on ``host`` now, or, for 0, a port that was free a moment
+    ago (for a server that binds later, such as the gRPC one); the socket is closed again.
+
+    Raises:
+        OSError: the address is in use or not available.
+    """
+    with contextlib.closing(bind_socket(host, port)) as sock:
+        return int(sock.getsockname()[1])
+
+
 def base_url(host: str, port: int) -> str:
     """``http://HOST:PORT``, with an IPv6 address in brackets (``http://[::]:8080``)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def serve(runtime: Runtime, sock: socket.socket, *,
+async def serve(runtime: Runtime, sock: socket.socket, *, grpc_port: int | None = None,
                 on_started: Callable[[DrainingServer], Awaitable[None]] | None = None) -> None:
-    """Serve ``runtime`` on an already bound socket until a signal drains it.
+    """Serve ``runtime`` on an already bound socket until a signal drains it, and the Open
+    Inference Protocol's gRPC service on ``grpc_port`` of the same host (0: a free port;
+    ``None``: no gRPC) until the drain has answered every admitted request.
 
     ``on_started`` runs once the server listens (``tailguard up`` uses it for its status line).
+
+    Raises:
+        OSError: the gRPC port cannot be bound (before anything is served).
     """
+    rpc: grpc.aio.Server | None = None
+    bound_grpc: int | None = None
+    if grpc_port is not None:
+        rpc, bound_grpc = grpc_server(runtime, sock.getsockname()[0], grpc_port)
     await runtime.start()
     # http: uvicorn's httptools protocol with JSON errors and per-connection bounds.
     # proxy_headers off: nothing sits in front of the runtime that we trust, and uvicorn would
@@ -136,6 +160,9 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
                             timeout_graceful_shutdown=5, server_header=False, proxy_headers=False,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
     server = DrainingServer(config, runtime)
+    server.grpc_port = bound_grpc
+    if rpc is not None:
+        await rpc.start()
     tune_garbage_collector()
     lag_probe = LoopLagProbe(asyncio.get_running_loop(),
                              EVENT_LOOP_LAG.labels(runtime.name).observe)
@@ -154,6 +181,8 @@ async def serve(runtime: Runtime, sock: socket.socket, *,
         if helper is not None:
             helper.cancel()
             await asyncio.gather(helper, return_exceptions=True)
+        if rpc is not None:  # the drain has answered every admitted call by now
+            await rpc.stop(grace=1.0)
         await runtime.close()
 
 

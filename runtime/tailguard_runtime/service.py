@@ -20,7 +20,14 @@ from typing import Any, Callable
 
 from tailguard_runtime import metrics
 from tailguard_runtime.batcher import Batcher
-from tailguard_runtime.errors import ModelNotFound
+from tailguard_runtime.errors import (
+    Draining,
+    GraceEnded,
+    ModelFailed,
+    ModelNotFound,
+    NotReady,
+    TailguardError,
+)
 from tailguard_runtime.models import Predictor, check_drop_in, load_model
 from tailguard_runtime.settings import RuntimeSettings
 from tailguard_runtime.stats import WindowStats
@@ -32,6 +39,8 @@ traffic_logger = logging.getLogger("tailguard_runtime.traffic")
 """Traffic switches, one INFO line each; ``tailguard up`` shows this logger at any log level."""
 
 ROLES = ("primary", "fallback")
+DEADLINE_REASONS = frozenset(("deadline_exceeded", "deadline"))
+"""A 504 for a passed deadline, and a 429 for a deadline the queue cannot meet."""
 SWITCHED_BY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 """What may name who switched traffic (``cli``, ``guard``, ``spec``, ...): one short word, so
 a caller cannot forge extra fields in the log line."""
@@ -183,6 +192,81 @@ class Runtime:
             raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves "
                                 f"version {served.version!r}")
         return served
+
+    def readiness(self) -> TailguardError | None:
+        """Why the model is not ready to serve (503: broken, draining, still loading), or
+        ``None`` when it is: what the v2 readiness routes and the gRPC ``ModelReady`` say."""
+        if self.broken is not None:
+            return NotReady(self.broken)
+        if self.draining:
+            return Draining("runtime is draining")
+        if not self.ready:
+            return NotReady("models are not loaded yet")
+        return None
+
+    def model_metadata(self, served: ServedModel) -> dict[str, Any]:
+        """The v2 model metadata of ``served`` (``GET /v2/models/{name}``, gRPC
+        ``ModelMetadata``): one input ``[-1, n_features]``, the model's outputs, and
+        ``parameters`` naming the role, URI, estimator type and, when the model knows them,
+        its feature names."""
+        p = served.predictor
+        return {
+            "name": self.name, "versions": [served.version], "platform": "scikit-learn",
+            "inputs": [{"name": "input-0", "datatype": "FP64", "shape": [-1, p.n_features]}],
+            "outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
+                        for o in p.outputs],
+            "parameters": {"role": served.role, "uri": p.uri, "estimator": p.estimator_type,
+                           **({"feature_names": list(p.feature_names)}
+                              if p.feature_names else {})},
+        }
+
+    def shortened(self, timeout_s: float | None) -> bool:
+        """Whether the client shortened a request's deadline (``timeout_s``, seconds) below the
+        SLO: then none of its outcomes can witness a breach
+        (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`). A spec whose own ``timeoutMs`` is
+        below the SLO shortens nothing: its requests are judged."""
+        slo_ms = self.settings.slo_p99_ms
+        return (timeout_s is not None and slo_ms is not None
+                and timeout_s < self.settings.batching.timeout_ms / 1000.0
+                and timeout_s < slo_ms / 1000.0)
+
+    def record_answer(self, served: ServedModel, arrival: float, now: float,
+                      timeout_s: float) -> None:
+        """Count a request ``served`` answered: its latency from ``arrival`` to ``now``
+        (``perf_counter`` seconds) in the metrics, and in the SLO stats unless its deadline
+        ``timeout_s`` was shortened (:meth:`shortened`)."""
+        served.metrics.request_duration(now - arrival)
+        served.metrics.count_ok()
+        if self.shortened(timeout_s):
+            served.stats.excluded(now, "short_deadline")
+        else:
+            served.stats.admitted(now, now - arrival, True)
+
+    def record_failure(self, served: ServedModel | None, exc: TailguardError, arrival: float,
+                       now: float, admitted: bool, timeout_s: float | None) -> None:
+        """Count a request refused or failed with ``exc``, whatever the protocol.
+        ``served``: the role it reached once past readiness (``None`` before: only a refusal
+        while draining is counted); ``admitted``: it reached the queue, so a 500 or 504
+        counts its latency toward the SLO. What the SLO guard may not judge is left out of
+        the stats (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`): a 422 for rows the
+        model rejected, and a 504 or deadline refusal whose deadline ``timeout_s`` (s) the
+        client shortened below the SLO."""
+        if isinstance(exc, Draining) and not isinstance(exc, GraceEnded):
+            self.refused_draining += 1
+        if served is None:
+            return
+        served.metrics.count(exc.status_code, exc.reason)
+        failed = admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed))
+        if failed:
+            served.metrics.request_duration(now - arrival)
+        if isinstance(exc, ModelFailed) and exc.status_code == 422:
+            served.stats.excluded(now, "input_rejected")
+        elif exc.reason in DEADLINE_REASONS and self.shortened(timeout_s):
+            served.stats.excluded(now, "short_deadline")
+        elif failed:
+            served.stats.admitted(now, now - arrival, False, exc.reason)
+        else:
+            served.stats.refused(now, exc.reason)
 
     def totals(self, now: float) -> dict[str, Any]:
         """Cumulative counts per role (:meth:`~tailguard_runtime.stats.Totals.snapshot`), read at

@@ -213,6 +213,9 @@ class RuntimeSettings:
     control_secret: str | None = None
     """The per-run secret of ``tailguard up``'s control routes (``None``: no control routes,
     as in a cluster); see :mod:`tailguard_runtime.http.control`."""
+    grpc_port: int | None = 8081
+    """``grpcPort``: where the Open Inference Protocol's gRPC service listens, on the HTTP
+    server's host (``spec.grpcPort``; 0: a free port; ``None``: no gRPC)."""
     fast_forests: bool = True
     """Evaluate random/extra-trees classifiers from their stacked trees (one walk for a small
     batch, tree by tree for a large one) instead of through scikit-learn's per-tree dispatch
@@ -231,7 +234,7 @@ class RuntimeSettings:
         Shape: ``{"name": str, "models": [{"role", "uri", "sha256"?, "version"?, "maxBytes"?}],
         "batching": {...}, "slo": {"windowSeconds", "p99LatencyMs"?},
         "drainGraceSeconds"?: float, "connections"?: {...} (see :class:`ConnectionSettings`),
-        "allowedOrigins"?: [str],
+        "allowedOrigins"?: [str], "grpcPort"?: int,
         "activeModel"?: str}`` with the same camelCase keys as the CRD (``activeModel`` is read
         by the server's traffic follower, not here).
 
@@ -253,6 +256,7 @@ class RuntimeSettings:
             drain_grace_seconds=float(config.get("drainGraceSeconds", 20)),
             connections=ConnectionSettings.from_config(config.get("connections", {})),
             allowed_origins=tuple(str(o) for o in config.get("allowedOrigins", ())),
+            grpc_port=int(config.get("grpcPort", cls.grpc_port)),
         )
 
     @staticmethod
@@ -273,9 +277,10 @@ class RuntimeSettings:
         """The runtime config JSON that :meth:`from_config` reads back, with ``activeModel``
         naming the role that takes traffic (the operator writes it into each role's ConfigMap).
 
-        Whole numbers are written as integers, as the CRD has them. ``connections`` is written
-        only when it differs from the defaults. What one process chooses for itself is not
-        written: ``control_secret``, ``fast_forests`` and ``max_body_bytes``.
+        Whole numbers are written as integers, as the CRD has them. ``connections`` and
+        ``grpcPort`` are written only when they differ from the defaults. What one process
+        chooses for itself is not written: ``control_secret``, ``fast_forests`` and
+        ``max_body_bytes``.
         """
         b = self.batching
         config: dict[str, Any] = {
@@ -296,6 +301,8 @@ class RuntimeSettings:
             config["connections"] = self.connections.to_config()
         if self.allowed_origins:
             config["allowedOrigins"] = list(self.allowed_origins)
+        if self.grpc_port != RuntimeSettings.grpc_port:
+            config["grpcPort"] = self.grpc_port
         return config
 
 

@@ -142,7 +142,21 @@ def decode_v2(body: bytes, n_features: int, known_outputs: Sequence[str],
             values beyond float32's range, unknown requested outputs or ``outputs: []``, a bad
             ``parameters.timeout`` (422).
     """
-    doc = _loads(body)
+    return decode_v2_doc(_loads(body), n_features, known_outputs, max_rows, feature_names,
+                         binary)
+
+
+def decode_v2_doc(doc: Any, n_features: int, known_outputs: Sequence[str],
+                  max_rows: int | None = None,
+                  feature_names: Sequence[str] | None = None,
+                  binary: bytes | None = None) -> V2Request:
+    """:func:`decode_v2` for a request already parsed from JSON, or built from another
+    encoding of the protocol (the gRPC service's :func:`~tailguard_runtime.rpc.tensors.as_v2`
+    builds the same mapping, its tensors' values as binary data).
+
+    Raises:
+        PayloadTooLarge, InvalidInput: as :func:`decode_v2`.
+    """
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object with an 'inputs' list")
     inputs = doc.get("inputs")
@@ -419,7 +433,7 @@ def encode_v2(model_name: str, version: str, request_id: str | None,
         tensor: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype,
                                   "shape": list(value.shape)}
         if spec.name in binary:
-            raw = _binary(value, spec.datatype)
+            raw = binary_tensor(value, spec.datatype)
             tensor["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
@@ -440,8 +454,10 @@ OUTPUT_DTYPES = {"FP64": np.dtype("<f8"), "INT64": np.dtype("<i8"), "BOOL": np.d
 """The little-endian layout of each numeric output datatype in binary tensor data."""
 
 
-def _binary(value: np.ndarray, datatype: str) -> bytes:
-    """An output's values as binary tensor data (row-major)."""
+def binary_tensor(value: np.ndarray, datatype: str) -> bytes:
+    """An output's values as binary tensor data, row-major: numbers little-endian
+    (:data:`OUTPUT_DTYPES`), ``BYTES`` as a 4-byte little-endian length and the UTF-8 bytes of
+    each element (the layout of Triton's binary tensor data and of gRPC's raw contents)."""
     if datatype == "BYTES":
         parts = []
         for item in value.ravel().tolist():

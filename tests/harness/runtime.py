@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 STARTUP_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
-SERVING_LINE = re.compile(r"serving service=(\S+) on http://127\.0\.0\.1:(\d+)")
+SERVING_LINE = re.compile(r"serving service=(\S+) on http://127\.0\.0\.1:(\d+) grpc=(\d+|None)")
 
 DIGITS_MAX_QUEUE = 1024
 """The digits server's maxQueueSize, in rows."""
@@ -135,10 +135,18 @@ class RuntimeServer:
     proc: subprocess.Popen[str]
     port: int
     log: list[str] = field(default_factory=list)
+    grpc_port: int | None = None
+    """The gRPC service's port (``None``: not served)."""
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        """``127.0.0.1:PORT`` of the gRPC service (what gRPC clients take)."""
+        assert self.grpc_port is not None, "this runtime serves no gRPC"
+        return f"127.0.0.1:{self.grpc_port}"
 
     def client(self, **kwargs: Any) -> httpx.Client:
         """A new httpx client bound to this server (the caller closes it)."""
@@ -149,15 +157,18 @@ class RuntimeServer:
         return "".join(self.log)
 
 
-def _pump(stream: Any, sink: list[str], found: threading.Event, port_box: list[int]) -> None:
-    """Copy the server's stderr into ``sink`` (so the pipe never fills) and spot the port."""
+def _pump(stream: Any, sink: list[str], found: threading.Event,
+          port_box: list[int | None]) -> None:
+    """Copy the server's stderr into ``sink`` (so the pipe never fills) and spot the ports
+    (HTTP, then gRPC or ``None``)."""
     try:
         for line in stream:
             sink.append(line)
             if not port_box:
                 match = SERVING_LINE.search(line)
                 if match:
-                    port_box.append(int(match.group(2)))
+                    grpc = match.group(3)
+                    port_box.extend((int(match.group(2)), None if grpc == "None" else int(grpc)))
                     found.set()
     finally:
         stream.close()
@@ -197,7 +208,7 @@ def running_runtime(config: dict[str, Any], workdir: Path,
         env=env, text=True)
     log: list[str] = []
     found = threading.Event()
-    port_box: list[int] = []
+    port_box: list[int | None] = []
     pump = threading.Thread(target=_pump, args=(proc.stderr, log, found, port_box),
                             name=f"stderr-{proc.pid}", daemon=True)
     pump.start()
@@ -206,7 +217,9 @@ def running_runtime(config: dict[str, Any], workdir: Path,
         if not port_box:
             raise RuntimeError(f"runtime {config['name']} did not start (exit code "
                                f"{proc.poll()}):\n{''.join(log)}")
-        server = RuntimeServer(config["name"], proc, port_box[0], log)
+        port, grpc_port = port_box
+        assert port is not None
+        server = RuntimeServer(config["name"], proc, port, log, grpc_port)
         wait_ready(server)
         yield server
     finally:

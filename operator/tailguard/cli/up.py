@@ -21,6 +21,9 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=DEFAULT_PORT,
                     help="port to listen on (default 8080; 0 picks a free one)")
+    up.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                    help="port of the gRPC service (default: the spec's grpcPort, 8081 unless "
+                         "set; a free one with --port 0; 0 picks a free one)")
     up.add_argument("--log-level", default="WARNING",
                     help="runtime log level: DEBUG, INFO, WARNING or ERROR (default WARNING; "
                          "traffic switches are always shown)")
@@ -38,7 +41,7 @@ def _up(args: argparse.Namespace) -> int:
     hint = ("use make up PORT=<port> to pick another port" if os.environ.get("MAKELEVEL")
             else "use --port to pick another port")
     return up(args.file, host=args.host, port=args.port, command=_spelled(), port_hint=hint,
-              allowed_origins=tuple(args.allow_origin))
+              allowed_origins=tuple(args.allow_origin), grpc_port=args.grpc_port)
 
 
 def _spelled() -> str:

@@ -41,6 +41,9 @@ ROLES = ("primary", "fallback")
 PORT = 8080
 PORT_NAME = "http"
 SERVICE_PORT = 80
+GRPC_PORT_NAME = "grpc"
+"""The runtime's gRPC port (``spec.grpcPort``) in pods and on the Service, with
+``appProtocol: grpc`` on the Service so that meshes and gateways speak HTTP/2 to it."""
 CONFIG_DIR = "/etc/tailguard"
 """Where a runtime pod finds its config: one projected volume holding :data:`CONFIG_KEY` (from
 its revision's ConfigMap) and :data:`TRAFFIC_KEY` (from ``NAME-traffic``)."""
@@ -303,7 +306,8 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
         "command": ["tailguard-runtime", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}",
                     "--traffic", f"{CONFIG_DIR}/{TRAFFIC_KEY}", "--role", role, "--host", "0.0.0.0", "--port", str(PORT),
                     "--termination-log", TERMINATION_LOG],
-        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"},
+                  {"name": GRPC_PORT_NAME, "containerPort": isvc.grpc_port, "protocol": "TCP"}],
         "env": [*({"name": var, "value": "1"}
                   for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")),
                 *([{"name": MODEL_CACHE_ENV, "value": MODEL_CACHE_DIR}]
@@ -374,14 +378,18 @@ def deployment(isvc: resource.InferenceService, owner: Owner, role: str,
 
 
 def service(isvc: resource.InferenceService, owner: Owner, active_role: str) -> dict[str, Any]:
-    """Service ``NAME``: port 80 (``http``) to the pods of ``active_role``."""
+    """Service ``NAME``: port 80 (``http``) and ``spec.grpcPort`` (``grpc``, ``appProtocol:
+    grpc``) to the pods of ``active_role``."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _metadata(isvc, owner, "Service", None),
         "spec": {"type": "ClusterIP",
                  "selector": selector_labels(isvc.name, active_role),
                  "ports": [{"name": PORT_NAME, "port": SERVICE_PORT, "targetPort": PORT_NAME,
-                            "protocol": "TCP"}]},
+                            "protocol": "TCP"},
+                           {"name": GRPC_PORT_NAME, "port": isvc.grpc_port,
+                            "targetPort": GRPC_PORT_NAME, "protocol": "TCP",
+                            "appProtocol": "grpc"}]},
     }
 
 

@@ -82,6 +82,8 @@ class InferenceService:
     automatic_rollback: bool
     traffic: str
     spec: dict[str, Any]
+    grpc_port: int = 8081
+    """``spec.grpcPort``: the runtime's gRPC port in each pod."""
 
     def runtime_settings(self, *, control_secret: str | None = None,
                          drain_grace_seconds: float = RuntimeSettings.drain_grace_seconds
@@ -97,6 +99,7 @@ class InferenceService:
             slo_p99_ms=float(self.slo.p99_latency_ms),
             drain_grace_seconds=drain_grace_seconds,
             control_secret=control_secret,
+            grpc_port=self.grpc_port,
         )
 
 
@@ -131,6 +134,7 @@ def parse(obj: Mapping[str, Any], *, default_namespace: str = "default") -> Infe
         automatic_rollback=spec["rollback"]["automatic"],
         traffic=spec["traffic"],
         spec=spec,
+        grpc_port=spec["grpcPort"],
     )
 
 

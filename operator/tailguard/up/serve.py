@@ -31,6 +31,7 @@ from tailguard_runtime.server import (
     DrainingServer,
     base_url,
     bind_socket,
+    free_port,
     limit_threads,
     run,
     serve,
@@ -108,7 +109,7 @@ async def report_status(runtime: Runtime, shown: StatusLine, interval_s: float,
 
 def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: str = "tailguard",
        port_hint: str = "use --port to pick another port",
-       allowed_origins: tuple[str, ...] = ()) -> int:
+       allowed_origins: tuple[str, ...] = (), grpc_port: int | None = None) -> int:
     """Serve the InferenceService in ``path`` until interrupted. Returns the exit code:
     0 after a clean drain; 2 for a file that cannot be read or an invalid spec; 1 for a model
     that cannot load, a busy port or a control file that cannot be written.
@@ -116,8 +117,9 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
     ``command`` is how the banner spells the ``tailguard`` command so that its lines run as
     printed (e.g. ``.venv/bin/tailguard``); ``port_hint`` ends the busy-port line (``make up``
     names ``PORT=``); ``allowed_origins``: web origins whose requests are served (every other
-    browser request gets 403). Traffic switches are logged (logger
-    ``tailguard_runtime.traffic``) and Ctrl-C prints the drain's counts.
+    browser request gets 403); ``grpc_port``: the gRPC service's port (``None``: the spec's
+    ``grpcPort``, or a free port when ``port`` is 0; 0: a free port). Traffic switches are
+    logged (logger ``tailguard_runtime.traffic``) and Ctrl-C prints the drain's counts.
     """
     try:
         found = read_file(path)
@@ -139,6 +141,15 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
         print(f"tailguard up: cannot listen on {host}:{port}: {exc.strerror} ({port_hint})",
               file=sys.stderr)
         return 1
+    if grpc_port is None:
+        grpc_port = 0 if port == 0 else isvc.grpc_port
+    try:
+        grpc_port = free_port(host, grpc_port)
+    except OSError as exc:
+        print(f"tailguard up: cannot listen on {host}:{grpc_port} for gRPC: {exc.strerror} "
+              "(use --grpc-port to pick another port)", file=sys.stderr)
+        sock.close()
+        return 1
     limit_threads()
     secret = new_secret()
     runtime = load_or_exit(lambda: _load(isvc, out, secret, allowed_origins))
@@ -153,7 +164,7 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
               file=sys.stderr)
         sock.close()
         return 1
-    print(_banner(isvc, base_url(host, bound), command), file=out, flush=True)
+    print(_banner(isvc, base_url(host, bound), command, grpc_port), file=out, flush=True)
     shown = StatusLine(out)
     guard = LocalGuard(runtime, isvc, shown)
     runtime.status_source = guard.status
@@ -166,7 +177,10 @@ def up(path: str, *, host: str, port: int, out: TextIO = sys.stdout, command: st
 
     try:
         with shown:
-            run(serve(runtime, sock, on_started=started))
+            run(serve(runtime, sock, grpc_port=grpc_port, on_started=started))
+    except OSError as exc:  # the gRPC port, taken since free_port looked
+        print(f"tailguard up: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         remove_control_file(control)
     report = runtime.drain_report
@@ -241,11 +255,13 @@ def _load(isvc: InferenceService, out: TextIO, secret: str,
     return runtime
 
 
-def _banner(isvc: InferenceService, base: str, command: str) -> str:
+def _banner(isvc: InferenceService, base: str, command: str, grpc_port: int) -> str:
     b = isvc.batching
     port = "" if base.endswith(":8080") else f" --port {base.rsplit(':', 1)[1]}"
+    grpc_at = base.removeprefix("http://").rsplit(":", 1)[0] + f":{grpc_port}"
     return "\n".join([
         f"serving InferenceService {isvc.name} on {base} (traffic -> {isvc.traffic})",
+        f"  gRPC       {grpc_at} (inference.GRPCInferenceService)",
         f"  v2 infer   POST {base}/v2/models/{isvc.name}/infer",
         f"  v1 predict POST {base}/v1/models/{isvc.name}:predict",
         f"  metadata   GET  {base}/v2/models/{isvc.name}",

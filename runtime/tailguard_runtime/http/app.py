@@ -32,10 +32,8 @@ from tailguard_runtime.admission import REFUSAL_BURST_S, RefusalPacer
 from tailguard_runtime.errors import (
     BodyTimeout,
     Draining,
-    GraceEnded,
     IncompleteBody,
     InvalidInput,
-    ModelFailed,
     NotReady,
     Overloaded,
     PayloadTooLarge,
@@ -109,10 +107,6 @@ class InferenceApp:
         self.runtime = runtime
         self.fallthrough = fallthrough
         self.default_timeout_s = runtime.settings.batching.timeout_ms / 1000.0
-        slo_ms = runtime.settings.slo_p99_ms
-        self.slo_s = None if slo_ms is None else slo_ms / 1000.0
-        """The SLO in seconds: a request whose own deadline is shorter cannot witness a breach
-        (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`)."""
         self.max_rows = runtime.settings.batching.max_queue_size
         n_features = next(iter(runtime.models.values())).predictor.n_features  # equal per role
         self.max_body = min(runtime.settings.max_body_bytes,
@@ -297,22 +291,7 @@ class InferenceApp:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
         await send({"type": "http.response.body", "body": payload})
-        now = perf_counter()
-        metrics = served.metrics
-        metrics.request_duration(now - arrival)
-        metrics.count_ok()
-        if self._short(timeout_s):
-            served.stats.excluded(now, "short_deadline")
-        else:
-            served.stats.admitted(now, now - arrival, True)
-
-    def _short(self, timeout_s: float | None) -> bool:
-        """Whether the client shortened this request's deadline below the SLO: then none of
-        its outcomes can witness a breach (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`).
-        A spec whose own ``timeoutMs`` is below the SLO shortens nothing: its requests are
-        judged."""
-        return (timeout_s is not None and self.slo_s is not None
-                and timeout_s < self.default_timeout_s and timeout_s < self.slo_s)
+        runtime.record_answer(served, arrival, perf_counter(), timeout_s)
 
     def _decode(self, body: bytes, encoding: bytes | None, predictor: Predictor,
                 v2: bool, header_length: int | None = None) -> V2Request | V1Request:
@@ -421,10 +400,8 @@ class InferenceApp:
         bodies sent back to back took most of a core). A 4xx past the refusal budget of its
         connection ``client`` is answered late
         (:class:`~tailguard_runtime.admission.RefusalPacer`); its metrics and
-        stats count from ``now``, as if it had been answered at once. What the SLO guard may
-        not judge is left out of the stats (:data:`~tailguard_runtime.stats.EXCLUDED_REASONS`):
-        a 422 for rows the model rejected, and a 504 or deadline refusal whose deadline
-        ``timeout_s`` (s) the client shortened below the SLO."""
+        stats count from ``now``, as if it had been answered at once
+        (:meth:`~tailguard_runtime.service.Runtime.record_failure`)."""
         runtime = self.runtime
         if 400 <= exc.status_code < 500 and not isinstance(exc, UNPACED):
             delay_s = self._pacer(client).delay(now)
@@ -435,27 +412,7 @@ class InferenceApp:
                                  close=close or not runtime.keep_alive)
         await send(start)
         await send(body)
-        if isinstance(exc, Draining) and not isinstance(exc, GraceEnded):
-            runtime.refused_draining += 1
-        if served is None:
-            return
-        served.metrics.count(exc.status_code, exc.reason)
-        # admitted and failed: the request reached the queue; its latency counts toward the SLO
-        failed = admitted and (exc.status_code in (500, 504) or isinstance(exc, ModelFailed))
-        if failed:
-            served.metrics.request_duration(now - arrival)
-        if isinstance(exc, ModelFailed) and exc.status_code == 422:
-            served.stats.excluded(now, "input_rejected")
-        elif exc.reason in DEADLINE_REASONS and self._short(timeout_s):
-            served.stats.excluded(now, "short_deadline")
-        elif failed:
-            served.stats.admitted(now, now - arrival, False, exc.reason)
-        else:
-            served.stats.refused(now, exc.reason)
-
-
-DEADLINE_REASONS = frozenset(("deadline_exceeded", "deadline"))
-"""A 504 for a passed deadline, and a 429 for a deadline the queue cannot meet."""
+        runtime.record_failure(served, exc, arrival, now, admitted, timeout_s)
 
 
 def _never() -> bool:
@@ -496,36 +453,16 @@ def build_app(runtime: Runtime) -> InferenceApp:
         return {"name": "tailguard", "version": __version__,
                 "extensions": list(SERVER_EXTENSIONS)}
 
-    def readiness() -> TailguardError | None:
-        """Why the model is not ready to serve, or ``None`` when it is."""
-        if runtime.broken is not None:
-            return NotReady(runtime.broken)
-        if runtime.draining:
-            return Draining("runtime is draining")
-        if not runtime.ready:
-            return NotReady("models are not loaded yet")
-        return None
-
     @api.get("/v2/models/{name}")
     @api.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
-        served = runtime.resolve(name, version)
-        p = served.predictor
-        return {
-            "name": runtime.name, "versions": [served.version], "platform": "scikit-learn",
-            "inputs": [{"name": "input-0", "datatype": "FP64", "shape": [-1, p.n_features]}],
-            "outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
-                        for o in p.outputs],
-            "parameters": {"role": served.role, "uri": p.uri, "estimator": p.estimator_type,
-                           **({"feature_names": list(p.feature_names)}
-                              if p.feature_names else {})},
-        }
+        return runtime.model_metadata(runtime.resolve(name, version))
 
     @api.get("/v2/models/{name}/ready")
     @api.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
         runtime.resolve(name, version)
-        if readiness() is not None:
+        if runtime.readiness() is not None:
             raise NotReady(f"model {name!r} is not ready")
         return {"name": runtime.name, "ready": True}
 
@@ -538,14 +475,14 @@ def build_app(runtime: Runtime) -> InferenceApp:
     @api.get("/v1/models/{name}")
     async def v1_model_ready(name: str) -> dict[str, Any]:
         runtime.resolve(name, None)
-        if (problem := readiness()) is not None:
+        if (problem := runtime.readiness()) is not None:
             raise problem
         return {"name": runtime.name, "ready": True}
 
     # the model repository extension's index (Triton, KServe), and KServe's v2 listing
     @api.post("/v2/repository/index")
     async def repository_index() -> list[dict[str, Any]]:
-        problem = readiness()
+        problem = runtime.readiness()
         return [{"name": runtime.name, "version": runtime.active.version,
                  "state": "READY" if problem is None else "UNAVAILABLE",
                  "reason": "" if problem is None else problem.message}]

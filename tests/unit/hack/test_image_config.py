@@ -38,7 +38,8 @@ def test_config_agrees_with_the_dockerfile(target: str) -> None:
     users = [u for s in chain for u in s.args("USER")]
     assert config["User"] == users[-1] == "10001:10001"
     ports = [p for s in chain for raw in s.args("EXPOSE") for p in raw.split()]
-    assert config["ExposedPorts"] == {f"{p}/tcp": {} for p in ports} == {"8080/tcp": {}}
+    assert config["ExposedPorts"] == {f"{p}/tcp": {} for p in ports} == (
+        {"8080/tcp": {}, "8081/tcp": {}} if target == "runtime" else {"8080/tcp": {}})
     env = dict(item.split("=", 1) for item in config["Env"])
     assert {k: env.get(k) for k in expected_env(target)} == expected_env(target)
     assert env["PATH"].startswith("/opt/tailguard/bin:")

@@ -38,6 +38,7 @@ SPECS = {
                               "sha256": "cd" * 32}),
     "claims": example("iris", model={"uri": "pvc://models/v2/iris.joblib", "sha256": SHA},
                       fallback={"uri": "builtin://iris/logistic-regression"}),
+    "grpc-port": example("iris", grpcPort=9001),
 }
 
 
@@ -149,7 +150,8 @@ def test_the_pods_serve_one_role_and_terminate_gracefully(role: str) -> None:
     assert container["command"] == ["tailguard-runtime", "--config", "/etc/tailguard/runtime.json",
                                     "--traffic", "/etc/tailguard/traffic.json", "--role", role, "--host", "0.0.0.0", "--port", "8080",
                                     "--termination-log", "/dev/termination-log"]
-    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                                  {"name": "grpc", "containerPort": 8081, "protocol": "TCP"}]
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["startupProbe"]["httpGet"]["port"] == "http"
@@ -237,8 +239,21 @@ def test_the_service_selects_the_active_role() -> None:
     for active in manifests.ROLES:
         (service,) = by_kind(build("defaults", active), "Service")
         assert service["spec"]["selector"]["tailguard.dev/role"] == active
-        assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http",
-                                             "protocol": "TCP"}]
+        assert service["spec"]["ports"] == [
+            {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+            {"name": "grpc", "port": 8081, "targetPort": "grpc", "protocol": "TCP",
+             "appProtocol": "grpc"}]
+
+
+def test_grpc_port_reaches_the_pods_the_service_and_the_runtime_config() -> None:
+    objects = build("grpc-port")
+    (service,) = by_kind(objects, "Service")
+    assert service["spec"]["ports"][1]["port"] == 9001
+    for deployment in by_kind(objects, "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["ports"][1] == {"name": "grpc", "containerPort": 9001, "protocol": "TCP"}
+    for config_map in by_kind(objects, "ConfigMap")[1:]:
+        assert json.loads(config_map["data"]["runtime.json"])["grpcPort"] == 9001
 
 
 def test_each_role_autoscales_on_queue_depth_and_cpu() -> None:

@@ -32,6 +32,7 @@ FIELDS: dict[str, Getter] = {
     "scaling.behavior": lambda s: s.scaling.behavior,  # HPA v2 behavior, passed through verbatim
     "rollback.automatic": lambda s: s.automatic_rollback,
     "traffic": lambda s: s.traffic,
+    "grpcPort": lambda s: s.grpc_port,
 }
 
 FULL = {
@@ -52,6 +53,7 @@ FULL = {
                     "behavior": {"scaleDown": {"stabilizationWindowSeconds": 120}}},
         "rollback": {"automatic": False},
         "traffic": "fallback",
+        "grpcPort": 9000,
     },
 }
 
@@ -107,6 +109,8 @@ def test_crd_defaults_equal_the_dataclass_defaults() -> None:
     assert ModelSettings.version == _crd_default("model.version") == _crd_default("fallback.version")
     assert RuntimeSettings.stats_window_seconds == _crd_default("slo.windowSeconds")
     assert resource.SLO.max_error_rate == _crd_default("slo.maxErrorRate")
+    assert RuntimeSettings.grpc_port == resource.InferenceService.grpc_port == _crd_default(
+        "grpcPort")
 
 
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column() -> None:

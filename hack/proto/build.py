@@ -1,0 +1,131 @@
+"""Compile the Open Inference Protocol's gRPC service into the runtime package.
+
+The protocol's ``.proto`` is KServe's published ``grpc_predict_v2.proto`` (package
+``inference``, service ``GRPCInferenceService``), taken from the Go module
+``github.com/kserve/kserve`` at :data:`MODULE_VERSION` on the Go module proxy, and checked
+against :data:`PROTO_SHA256` before use (the module's zip is cached under
+``~/.cache/tailguard/proto``, so this downloads once per machine). ``grpcio-tools`` (pinned
+in constraints.txt) compiles it into ``runtime/tailguard_runtime/rpc/generated/``, which git
+ignores: ``make install`` and ``make test`` run this before installing, and the Dockerfile
+copies the result.
+
+Usage: ``python hack/proto/build.py`` (the Python that has grpcio-tools). Exit 1 with one line
+on stderr when the proxy cannot be reached or the file does not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = "github.com/kserve/kserve"
+MODULE_VERSION = "v0.15.0"
+PROTO_IN_MODULE = "docs/predict-api/v2/grpc_predict_v2.proto"
+PROTO_SHA256 = "408092a3cfb737c1be17e47211fd6b072211839f61d133af6512e64d4efcca04"
+PACKAGE = Path("tailguard_runtime/rpc/generated")
+"""Where the generated modules go, relative to ``runtime/``: the ``.proto`` is compiled under
+this path so that the generated service module imports its messages from the package."""
+OUT = REPO / "runtime" / PACKAGE
+STAMP = OUT / "SOURCE"
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/tailguard/proto`` (``~/.cache/tailguard/proto`` by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tailguard" / "proto"
+
+
+def proxy() -> str:
+    """The first HTTP(S) entry of ``GOPROXY``, else ``https://proxy.golang.org``."""
+    for entry in os.environ.get("GOPROXY", "").replace("|", ",").split(","):
+        if entry.startswith(("https://", "http://")):
+            return entry.rstrip("/")
+    return "https://proxy.golang.org"
+
+
+def fetch_proto() -> bytes:
+    """The ``.proto``'s bytes, from the cached module zip or the proxy.
+
+    Raises:
+        SystemExit: the download fails, or the file's SHA-256 is not :data:`PROTO_SHA256`.
+    """
+    cached = cache_dir() / f"grpc_predict_v2-{PROTO_SHA256[:12]}.proto"
+    if cached.is_file():
+        data = cached.read_bytes()
+        if hashlib.sha256(data).hexdigest() == PROTO_SHA256:
+            return data
+    url = f"{proxy()}/{MODULE}/@v/{MODULE_VERSION}.zip"
+    print(f"[proto] downloading {MODULE}@{MODULE_VERSION} (about 30 MB) for "
+          f"{PROTO_IN_MODULE}", file=sys.stderr)
+    with tempfile.TemporaryFile() as archive:
+        try:
+            with urllib.request.urlopen(url, timeout=120) as answer:
+                shutil.copyfileobj(answer, archive)
+        except OSError as exc:
+            raise SystemExit(f"[proto] cannot download {url}: {exc}") from None
+        archive.seek(0)
+        with zipfile.ZipFile(archive) as zipped:
+            data = zipped.read(f"{MODULE}@{MODULE_VERSION}/{PROTO_IN_MODULE}")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != PROTO_SHA256:
+        raise SystemExit(f"[proto] {PROTO_IN_MODULE} from {url} has SHA-256 {digest}, "
+                         f"expected {PROTO_SHA256}")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_bytes(data)
+    return data
+
+
+def main() -> int:
+    """Generate the modules unless :data:`STAMP` says they came from this ``.proto`` and this
+    grpcio-tools already."""
+    import grpc_tools
+    from grpc_tools import protoc  # grpcio-tools: pinned in constraints.txt
+
+    tools = getattr(grpc_tools, "__version__", None) or _version("grpcio-tools")
+    source = f"{MODULE}@{MODULE_VERSION}/{PROTO_IN_MODULE} sha256:{PROTO_SHA256} " \
+             f"grpcio-tools:{tools}\n"
+    if STAMP.is_file() and STAMP.read_text() == source:
+        return 0
+    data = fetch_proto()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        (src / PACKAGE).mkdir(parents=True)
+        (src / PACKAGE / "grpc_predict_v2.proto").write_bytes(data)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        include = Path(protoc.__file__).parent / "_proto"  # the well-known types
+        status = protoc.main(["grpc_tools.protoc", f"-I{src}", f"-I{include}",
+                              f"--python_out={out}", f"--pyi_out={out}",
+                              f"--grpc_python_out={out}",
+                              str(PACKAGE / "grpc_predict_v2.proto")])
+        if status != 0:
+            print(f"[proto] protoc exited {status}", file=sys.stderr)
+            return 1
+        if OUT.exists():
+            shutil.rmtree(OUT)
+        shutil.copytree(out / PACKAGE, OUT)
+    (OUT / "__init__.py").write_text('"""Generated by hack/proto/build.py from the Open '
+                                     'Inference Protocol\'s grpc_predict_v2.proto; do not '
+                                     'edit."""\n')
+    STAMP.write_text(source)
+    print(f"[proto] generated {OUT.relative_to(REPO)} with grpcio-tools {tools}",
+          file=sys.stderr)
+    return 0
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import version
+
+    return version(distribution)
+
+
+if __name__ == "__main__":
+    os.chdir(REPO)
+    sys.exit(main())
