@@ -81,8 +81,8 @@ ENV OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1 \
     BLIS_NUM_THREADS=1 \
     NUMEXPR_NUM_THREADS=1
-# Fail the build if a bundled demo dataset cannot be read offline, or if the gRPC service's
-# generated modules are missing (hack/proto/build.py writes them; make install runs it).
+# Fail the build if a bundled demo dataset cannot be read offline, or if the gRPC protocol's
+# compiled descriptors are missing (hack/proto/build.py writes them; make install runs it).
 RUN python -c "from tailguard_runtime.models import DATASETS, load_dataset; [load_dataset(n) for n in DATASETS]" \
  && python -c "import tailguard_runtime.rpc.service"
 USER 10001:10001

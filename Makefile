@@ -34,8 +34,8 @@ $(INSTALLED_TEST): pyproject.toml constraints.txt | $(PY)
 	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@ $(INSTALLED)
 
-# The gRPC service's message classes, compiled from the protocol's pinned .proto into the
-# runtime package (git ignores them); quick and silent when they are up to date.
+# The gRPC protocol's descriptors, compiled from its pinned .proto into the runtime package
+# (git ignores them); quick and silent when they are up to date.
 proto: $(INSTALLED)
 	@$(PY) hack/proto/build.py
 

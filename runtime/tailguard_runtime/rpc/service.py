@@ -15,15 +15,17 @@ parameter (microseconds, as ``tritonclient`` sends it).
 Bounds against hostile clients are gRPC's own (:func:`server_options`): a message size limit
 derived from the largest valid request, concurrent streams per connection, concurrent calls per
 process, keep-alive ping enforcement, idle connections closed, and server pings that end a
-connection whose peer stopped reading.
+connection whose peer stopped reading; and one of ours, concurrent calls per client address
+(:class:`CallsByAddress`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from time import perf_counter
-from typing import Any, NoReturn
+from typing import Any, Awaitable, Callable, NoReturn, TypeVar
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -39,12 +41,12 @@ from tailguard_runtime.errors import (
 )
 from tailguard_runtime.metrics import REQUESTS_UNANSWERED
 from tailguard_runtime.models import check_input_range
+from tailguard_runtime.rpc import protocol as pb
 from tailguard_runtime.rpc import tensors
-from tailguard_runtime.rpc.generated import grpc_predict_v2_pb2 as pb
-from tailguard_runtime.rpc.generated import grpc_predict_v2_pb2_grpc as pb_grpc
 from tailguard_runtime.service import Runtime, ServedModel
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STATUS_CODES: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -75,9 +77,8 @@ GRPC_BYTES_PER_VALUE = 10
 packed ``fp64_contents``, up to 10 as a packed ``int64_contents`` varint."""
 MESSAGE_OVERHEAD_BYTES = 64 * 1024
 """Room in the message size limit for names, shapes, parameters and the id."""
-MAX_CONCURRENT_STREAMS = 128
-"""HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS`` per connection; a client opening more waits for
-a free stream (gRPC's default is unlimited)."""
+MIN_CALLS_PER_ADDRESS = 16
+"""The fewest calls one client address may have in progress (:func:`max_calls_per_address`)."""
 MIN_CONCURRENT_CALLS = 256
 """The fewest calls the process handles at once; past :func:`max_concurrent_calls` a new call
 gets ``RESOURCE_EXHAUSTED`` from gRPC at once."""
@@ -104,10 +105,80 @@ def max_message_bytes(n_features: int, max_rows: int) -> int:
 
 
 def max_concurrent_calls(max_queue_size: int) -> int:
-    """Calls in progress at once: twice ``maxQueueSize`` (every admitted call holds at least
-    one queued row, so more could never all be admitted), at least
-    :data:`MIN_CONCURRENT_CALLS`."""
+    """Calls in progress at once, in the process and on one connection: twice
+    ``maxQueueSize`` (every admitted call holds at least one queued row, so more could never
+    all be admitted), at least :data:`MIN_CONCURRENT_CALLS`.
+
+    Past it, a new call gets ``RESOURCE_EXHAUSTED`` (the process's cap, ``grpc.aio``'s
+    ``maximum_concurrent_rpcs``), and a stream opened past it on one connection is reset with
+    ``REFUSED_STREAM``, which clients see as ``UNAVAILABLE`` (HTTP/2's
+    ``SETTINGS_MAX_CONCURRENT_STREAMS``). The stream cap is the process's cap and not lower:
+    with 128 streams per connection, ``grpc``'s own client sent 3,000 concurrent calls on one
+    channel without waiting for free streams, and 2,300 of them failed ``UNAVAILABLE`` (all
+    3,000 succeeded without the cap)."""
     return max(MIN_CONCURRENT_CALLS, 2 * max_queue_size)
+
+
+def max_calls_per_address(max_queue_size: int) -> int:
+    """Calls one client address may have in progress: a quarter of
+    :func:`max_concurrent_calls`, at least :data:`MIN_CALLS_PER_ADDRESS`, so that one address
+    cannot fill the process's cap (as ``maxConnectionsPerAddress`` keeps one address from
+    filling the HTTP connection cap). A call counts until gRPC has finished it, its answer
+    sent: a client that never reads holds its calls, and no more than these."""
+    return max(MIN_CALLS_PER_ADDRESS, max_concurrent_calls(max_queue_size) // 4)
+
+
+class CallsByAddress:
+    """The calls in progress per client address (the peer's IP, its port dropped), each
+    counted from its start until gRPC reports it done."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.calls: dict[str, int] = {}
+
+    def enter(self, context: grpc.aio.ServicerContext[Any, Any]) -> Overloaded | None:
+        """Count the call of ``context``; or, with its address at :attr:`limit`, count nothing
+        and return the refusal (429, reason ``address_limit``)."""
+        address = peer_address(context.peer())
+        held = self.calls.get(address, 0)
+        if held >= self.limit:
+            return Overloaded(f"too many calls in progress from {address} (at most "
+                              f"{self.limit} per client address)", 1, "address_limit")
+        self.calls[address] = held + 1
+        context.add_done_callback(lambda _: self._leave(address))
+        return None
+
+    def _leave(self, address: str) -> None:
+        held = self.calls.pop(address, 1) - 1
+        if held > 0:
+            self.calls[address] = held
+
+
+def peer_address(peer: str) -> str:
+    """The address of a gRPC peer string: ``ipv4:10.0.0.7:51234`` -> ``10.0.0.7``,
+    ``ipv6:[::1]:51234`` -> ``[::1]``; anything else as it is."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in rest:
+        return rest.rsplit(":", 1)[0]
+    return peer
+
+
+def bounded(method: Callable[[InferenceServicer, Any, grpc.aio.ServicerContext[Any, Any]],
+                             Awaitable[T]]
+            ) -> Callable[[InferenceServicer, Any, grpc.aio.ServicerContext[Any, Any]],
+                          Awaitable[T]]:
+    """A servicer method whose calls count toward their address's
+    :class:`CallsByAddress` limit; past it, the call ends ``RESOURCE_EXHAUSTED`` at once
+    (counted as a ``tailguard_rejections_total{reason="address_limit"}``)."""
+    @functools.wraps(method)
+    async def call(self: InferenceServicer, request: Any,
+                   context: grpc.aio.ServicerContext[Any, Any]) -> T:
+        refused = self.by_address.enter(context)
+        if refused is not None:
+            self.runtime.active.metrics.count_rejection(refused.reason)
+            await abort(context, refused)
+        return await method(self, request, context)
+    return call
 
 
 def server_options(n_features: int, max_rows: int) -> list[tuple[str, int]]:
@@ -116,7 +187,7 @@ def server_options(n_features: int, max_rows: int) -> list[tuple[str, int]]:
     return [
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", max_message_bytes(n_features, max_rows)),
-        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.max_concurrent_streams", max_concurrent_calls(max_rows)),
         ("grpc.max_metadata_size", MAX_METADATA_BYTES),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
@@ -127,26 +198,31 @@ def server_options(n_features: int, max_rows: int) -> list[tuple[str, int]]:
     ]
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """The six calls of ``GRPCInferenceService``, served by ``runtime``."""
+class InferenceServicer:
+    """The six calls of ``GRPCInferenceService``, served by ``runtime`` (named as the
+    protocol names them; :func:`service_handler` registers them)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.default_timeout_s = runtime.settings.batching.timeout_ms / 1000.0
         self.max_rows = runtime.settings.batching.max_queue_size
+        self.by_address = CallsByAddress(max_calls_per_address(self.max_rows))
 
-    async def ServerLive(self, request: pb.ServerLiveRequest,  # noqa: N802 (the protocol's names)
-                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.ServerLiveResponse:
+    @bounded
+    async def ServerLive(self, request: Any,  # noqa: N802 (the protocol's names)
+                         context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """``live``: false once a model thread has crashed (REST's liveness is then 503)."""
         return pb.ServerLiveResponse(live=self.runtime.broken is None)
 
-    async def ServerReady(self, request: pb.ServerReadyRequest,  # noqa: N802
-                          context: grpc.aio.ServicerContext[Any, Any]) -> pb.ServerReadyResponse:
+    @bounded
+    async def ServerReady(self, request: Any,  # noqa: N802
+                          context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """``ready``: false while loading or draining, or once broken."""
         return pb.ServerReadyResponse(ready=self.runtime.readiness() is None)
 
-    async def ModelReady(self, request: pb.ModelReadyRequest,  # noqa: N802
-                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelReadyResponse:
+    @bounded
+    async def ModelReady(self, request: Any,  # noqa: N802
+                         context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """``ready`` of the named model; ``NOT_FOUND`` for another name or version."""
         try:
             self.runtime.resolve(request.name, request.version or None)
@@ -154,16 +230,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await abort(context, exc)
         return pb.ModelReadyResponse(ready=self.runtime.readiness() is None)
 
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest,  # noqa: N802
-                             context: grpc.aio.ServicerContext[Any, Any]
-                             ) -> pb.ServerMetadataResponse:
+    @bounded
+    async def ServerMetadata(self, request: Any,  # noqa: N802
+                             context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """The server's name, version and extensions, as ``GET /v2``."""
         return pb.ServerMetadataResponse(name="tailguard", version=__version__,
                                          extensions=SERVER_EXTENSIONS)
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest,  # noqa: N802
-                            context: grpc.aio.ServicerContext[Any, Any]
-                            ) -> pb.ModelMetadataResponse:
+    @bounded
+    async def ModelMetadata(self, request: Any,  # noqa: N802
+                            context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """The active model's metadata, as ``GET /v2/models/{name}`` (without its
         ``parameters``, which the message does not carry)."""
         try:
@@ -176,8 +252,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             inputs=tensors.tensor_metadata(meta["inputs"]),
             outputs=tensors.tensor_metadata(meta["outputs"]))
 
-    async def ModelInfer(self, request: pb.ModelInferRequest,  # noqa: N802
-                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelInferResponse:
+    @bounded
+    async def ModelInfer(self, request: Any,  # noqa: N802
+                         context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         """Decode, admit, batch and answer one inference call (see the module's docstring)."""
         runtime = self.runtime
         arrival = perf_counter()
@@ -261,6 +338,20 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: TailguardError
     raise AssertionError("grpc.aio's abort returned")  # it raises AbortError
 
 
+def service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """``servicer``'s methods as the handlers of :data:`~tailguard_runtime.rpc.protocol.SERVICE`,
+    each unary, its request and response classes taken from the protocol's descriptor.
+
+    Raises:
+        AttributeError: the servicer lacks a method the protocol names.
+    """
+    handlers = {name: grpc.unary_unary_rpc_method_handler(
+        getattr(servicer, name), request_deserializer=request.FromString,
+        response_serializer=response.SerializeToString)
+        for name, (request, response) in pb.methods().items()}
+    return grpc.method_handlers_generic_handler(pb.SERVICE, handlers)
+
+
 def grpc_server(runtime: Runtime, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server for ``runtime`` bound to ``host:port`` (``port`` 0 picks a free
     one), not yet started; returns it and the bound port. Call inside the running loop.
@@ -272,8 +363,7 @@ def grpc_server(runtime: Runtime, host: str, port: int) -> tuple[grpc.aio.Server
     max_rows = runtime.settings.batching.max_queue_size
     server = grpc.aio.server(options=server_options(n_features, max_rows),
                              maximum_concurrent_rpcs=max_concurrent_calls(max_rows))
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceServicer(runtime), server)
+    server.add_generic_rpc_handlers((service_handler(InferenceServicer(runtime)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

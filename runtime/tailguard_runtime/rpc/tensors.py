@@ -1,4 +1,5 @@
-"""The gRPC messages of the Open Inference Protocol, to and from what the runtime serves.
+"""The gRPC messages of the Open Inference Protocol (:mod:`~tailguard_runtime.rpc.protocol`),
+to and from what the runtime serves.
 
 A ``ModelInferRequest`` is turned into the mapping a v2 REST body decodes to, with every
 input's values as binary tensor data (the raw bytes of ``raw_input_contents``, or the typed
@@ -16,25 +17,25 @@ import numpy as np
 
 from tailguard_runtime.errors import InvalidInput
 from tailguard_runtime.models import OutputSpec
-from tailguard_runtime.rpc.generated import grpc_predict_v2_pb2 as pb
+from tailguard_runtime.rpc import protocol as pb
 from tailguard_runtime.wire import BINARY_DTYPES, V2Request, binary_tensor, decode_v2_doc
 
 CONTENTS_FIELD = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT64": "int64_contents"}
 """Where each input datatype's values go in ``InferTensorContents`` (the protocol's table)."""
 
 
-def parameter_value(parameter: pb.InferParameter) -> bool | int | str | None:
+def parameter_value(parameter: Any) -> bool | int | str | None:
     """An ``InferParameter``'s value (whichever of its ``oneof`` is set), or ``None``."""
     choice = parameter.WhichOneof("parameter_choice")
     return None if choice is None else getattr(parameter, choice)
 
 
-def parameters_of(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+def parameters_of(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """A ``map<string, InferParameter>`` as a plain mapping of values."""
     return {key: parameter_value(value) for key, value in parameters.items()}
 
 
-def as_v2(request: pb.ModelInferRequest) -> tuple[dict[str, Any], bytes]:
+def as_v2(request: Any) -> tuple[dict[str, Any], bytes]:
     """``request`` as a v2 REST request mapping and its binary tensor data.
 
     Raises:
@@ -93,7 +94,7 @@ def as_v2(request: pb.ModelInferRequest) -> tuple[dict[str, Any], bytes]:
     return body, b"".join(chunks)
 
 
-def decode_infer(request: pb.ModelInferRequest, n_features: int, known_outputs: Sequence[str],
+def decode_infer(request: Any, n_features: int, known_outputs: Sequence[str],
                  max_rows: int, feature_names: Sequence[str] | None) -> V2Request:
     """Decode and validate ``request`` exactly as a v2 REST body with binary tensor data
     (:func:`~tailguard_runtime.wire.decode_v2_doc`).
@@ -110,7 +111,7 @@ def decode_infer(request: pb.ModelInferRequest, n_features: int, known_outputs: 
 def encode_infer(model_name: str, version: str, request_id: str | None,
                  specs: Sequence[OutputSpec], outputs: Sequence[np.ndarray],
                  wanted: tuple[str, ...] | None,
-                 parameters: Mapping[str, str]) -> pb.ModelInferResponse:
+                 parameters: Mapping[str, str]) -> Any:
     """A ``ModelInferResponse``: the ``wanted`` outputs (``None``: all) of ``specs``, each
     tensor's values in ``raw_output_contents`` in the same order (as
     :func:`~tailguard_runtime.wire.binary_tensor` lays them out); ``parameters`` become string
@@ -127,8 +128,7 @@ def encode_infer(model_name: str, version: str, request_id: str | None,
     return response
 
 
-def tensor_metadata(tensors: Sequence[Mapping[str, Any]]
-                    ) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+def tensor_metadata(tensors: Sequence[Mapping[str, Any]]) -> list[Any]:
     """The v2 metadata's ``inputs`` or ``outputs`` list as ``TensorMetadata`` messages."""
-    return [pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"],
-                                                    shape=t["shape"]) for t in tensors]
+    return [pb.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+            for t in tensors]
