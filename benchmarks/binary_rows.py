@@ -1,4 +1,4 @@
-"""Rows per second for large v2 requests: JSON tensors against binary tensor data.
+"""Rows per second for large v2 requests: JSON tensors, binary tensor data, and gRPC.
 
     .venv/bin/python benchmarks/binary_rows.py                    # about a minute
     .venv/bin/python benchmarks/binary_rows.py --rows 512 --rounds 6
@@ -6,13 +6,14 @@
 Starts the tailguard runtime serving the reference forest (benchmarks/refmodel.py; batching on:
 ``maxBatchSize 64``, ``maxWaitMs 0``), pinned to ``--server-cpu`` (default 1), and sends it
 requests of ``--rows`` rows (512 by default) one after another from this process, in rounds:
-each round sends ``--requests`` JSON requests (``FP64`` data) and as many with the same rows as
-binary tensor data (``Inference-Header-Content-Length``; outputs answered in binary too), in an
-order that alternates from round to round, so a drift in the machine's speed hits both alike.
-The bodies are encoded once, before the clock starts: what is measured is the server's side
+each round sends ``--requests`` JSON requests (``FP64`` data), as many with the same rows as
+binary tensor data (``Inference-Header-Content-Length``; outputs answered in binary too), and
+as many gRPC ``ModelInfer`` calls (the rows as ``raw_input_contents``), in an order that
+rotates from round to round, so a drift in the machine's speed hits all alike. The bodies and
+messages are encoded once, before the clock starts: what is measured is the server's side
 (reading, decoding, the model, encoding) and the transfer.
 
-Prints rows/s per encoding per round and the median of the per-round ratios (binary over JSON).
+Prints rows/s per encoding per round and the medians of the per-round ratios to JSON.
 Targets 127.0.0.1 only; the server started here is stopped by its process group.
 """
 
@@ -70,6 +71,35 @@ def rows_per_s(port: int, path: str, body: bytes, headers: dict[str, str], rows:
         conn.close()
 
 
+def grpc_message(x: np.ndarray) -> bytes:
+    """The same rows as a serialized ``ModelInferRequest`` for the model ``ref``."""
+    from tailguard_runtime.rpc import protocol
+
+    tensor = protocol.message("ModelInferRequest.InferInputTensor")
+    return protocol.ModelInferRequest(model_name="ref", inputs=[tensor(
+        name="input-0", datatype="FP64", shape=list(x.shape))],
+        raw_input_contents=[np.ascontiguousarray(x, dtype="<f8").tobytes()]
+    ).SerializeToString()
+
+
+def grpc_rows_per_s(port: int, message: bytes, rows: int, requests: int) -> float:
+    """Make ``requests`` ModelInfer calls of ``message`` back to back on one channel; rows
+    per second.
+
+    Raises:
+        grpc.RpcError: a call that fails.
+    """
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        call(message, timeout=30)  # the connection is up before the clock starts
+        started = time.perf_counter()
+        for _ in range(requests):
+            call(message, timeout=30)
+        return rows * requests / (time.perf_counter() - started)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=512, help="rows per request (512)")
@@ -85,25 +115,35 @@ def main(argv: list[str] | None = None) -> int:
         (target,) = [t for t in run.build_targets(["tailguard"], model)
                       if t.config.startswith("batching on")]
         with run.running(target, workdir, args.server_cpu) as server:
+            grpc_port = json.loads((workdir / "tailguard-64.json").read_text())["grpcPort"]
+            message = grpc_message(x)
+
+            def measure(name: str, requests: int) -> float:
+                if name == "grpc":
+                    return grpc_rows_per_s(grpc_port, message, args.rows, requests)
+                body, headers = encoded[name]
+                return rows_per_s(server.port, target.path, body, headers, args.rows, requests)
+
             server.wait_ready(encode_body([float(v) for v in x[0]], target.fmt))
-            for body, headers in encoded.values():  # warm both paths
-                rows_per_s(server.port, target.path, body, headers, args.rows, 3)
-            results: dict[str, list[float]] = {"json": [], "binary": []}
+            names = ["json", "binary", "grpc"]
+            for name in names:  # warm every path
+                measure(name, 3)
+            results: dict[str, list[float]] = {name: [] for name in names}
             for i in range(args.rounds):
-                order = ["json", "binary"] if i % 2 == 0 else ["binary", "json"]
-                for name in order:
-                    body, headers = encoded[name]
-                    results[name].append(rows_per_s(server.port, target.path, body, headers,
-                                                    args.rows, args.requests))
-                print(f"round {i + 1}: json {results['json'][-1]:,.0f} rows/s, "
-                      f"binary {results['binary'][-1]:,.0f} rows/s", flush=True)
-    ratios = [b / j for b, j in zip(results["binary"], results["json"])]
-    sizes = {name: len(body) for name, (body, _) in encoded.items()}
-    print(json.dumps({"rows_per_request": args.rows, "body_bytes": sizes,
-                      "json_rows_per_s_median": round(statistics.median(results["json"])),
-                      "binary_rows_per_s_median": round(statistics.median(results["binary"])),
-                      "median_ratio": round(statistics.median(ratios), 3),
-                      "round_ratios": [round(r, 3) for r in ratios]}, indent=2))
+                for name in names[i % 3:] + names[:i % 3]:
+                    results[name].append(measure(name, args.requests))
+                print(f"round {i + 1}: " + ", ".join(
+                    f"{name} {results[name][-1]:,.0f} rows/s" for name in names), flush=True)
+    sizes = {name: len(body) for name, (body, _) in encoded.items()} | {"grpc": len(message)}
+    print(json.dumps({
+        "rows_per_request": args.rows, "body_bytes": sizes,
+        **{f"{name}_rows_per_s_median": round(statistics.median(results[name]))
+           for name in names},
+        **{f"{name}_over_json_median": round(statistics.median(
+            [a / j for a, j in zip(results[name], results["json"])]), 3)
+           for name in ("binary", "grpc")},
+        "round_ratios": {name: [round(a / j, 3) for a, j in zip(results[name], results["json"])]
+                         for name in ("binary", "grpc")}}, indent=2))
     return 0
 
 

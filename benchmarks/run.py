@@ -345,7 +345,8 @@ def build_targets(selected: Sequence[str], model: Path) -> list[Target]:
             (workdir / f"tailguard-{max_batch}.json").write_text(json.dumps({
                 "name": "ref", "models": [{"role": "primary", "uri": uri}],
                 "batching": {"maxBatchSize": max_batch, "maxWaitMs": 0, "maxQueueSize": 1024,
-                             "timeoutMs": 5000}}))
+                             "timeoutMs": 5000},
+                "grpcPort": free_port()}))  # binary_rows.py reads it back
 
         return Target("tailguard", config, "v2", "/v2/models/ref/infer",
                       lambda port, wd: [PYTHON, "-m", "tailguard_runtime", "--config",

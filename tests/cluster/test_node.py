@@ -58,7 +58,8 @@ def iris(node: OnNode, primaries: int = 1) -> None:
 
 def test_each_example_serves_v1_and_v2_through_its_cluster_ip(node: OnNode) -> None:
     """``kubectl apply`` of every example: its pods start on the real node, pass their
-    readiness probes on the v2 health routes, and answer through the ClusterIP."""
+    readiness probes on the v2 health routes, and answer through the ClusterIP, over REST
+    (v1 and v2) and gRPC."""
     for path in EXAMPLES:
         node.apply(path)
     names = [p.stem for p in EXAMPLES]
@@ -89,6 +90,12 @@ def test_each_example_serves_v1_and_v2_through_its_cluster_ip(node: OnNode) -> N
         assert len(body["predictions"]) == 1
     iris_answer = node.request("iris", "/v1/models/iris:predict", {"instances": [IRIS_ROW]})
     assert iris_answer[2]["predictions"] == [0]  # a setosa, as the dataset labels it
+    # the same through the Service's gRPC port (appProtocol grpc), with tritonclient.grpc
+    labels, parameters = node.grpc_infer("iris", IRIS_ROW)
+    assert labels == [0] and parameters["role"] == "primary"
+    (grpc_port,) = [p for p in node.get("services", "iris")["spec"]["ports"]  # type: ignore[index]
+                    if p["name"] == "grpc"]
+    assert grpc_port["appProtocol"] == "grpc" and grpc_port["targetPort"] == "grpc"
     for name in names:
         if name != "iris":
             node.admin.delete("inferenceservices", node.namespace, name)

@@ -221,6 +221,30 @@ class OnNode:
         status, headers, text = json.loads(done.stdout)
         return status, headers, json.loads(text)
 
+    def grpc_infer(self, name: str, row: list[float]) -> tuple[list[int], dict[str, str]]:
+        """One ``ModelInfer`` call with ``tritonclient.grpc`` to the Service's port named
+        ``grpc`` on ``name``'s ClusterIP, from inside the namespace; the ``predict`` labels and
+        the response's string parameters (``role``, ``model_uri``)."""
+        service = self.get("services", name)
+        assert service is not None, f"no Service {name}"
+        (port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"]
+        script = (
+            "import json, sys\n"
+            "import numpy as np\n"
+            "import tritonclient.grpc as g\n"
+            "target, name, row = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
+            "client = g.InferenceServerClient(target)\n"
+            "x = g.InferInput('input-0', [1, len(row)], 'FP64')\n"
+            "x.set_data_from_numpy(np.array([row], dtype=np.float64))\n"
+            "answer = client.infer(name, [x], client_timeout=20)\n"
+            "params = {k: v.string_param for k, v in answer.get_response().parameters.items()}\n"
+            "print(json.dumps([answer.as_numpy('predict').tolist(), params]))\n")
+        done = self.holder.run([sys.executable, "-c", script, f"{self.cluster_ip(name)}:{port}",
+                                name, json.dumps(row)], check=False)
+        assert done.returncode == 0, f"gRPC to {name}'s ClusterIP: {done.stderr[-2000:]}"
+        labels, parameters = json.loads(done.stdout)
+        return labels, parameters
+
     def fetch(self, url: str) -> str:
         """GET ``url`` from inside the namespace (a pod IP, a ClusterIP); the body as text.
 

@@ -1,4 +1,5 @@
-"""The project's one HTTP load generator: open or closed loop, persistent connections, honest tails.
+"""The project's one load generator: open or closed loop, persistent connections, honest tails,
+over HTTP/1.1 or gRPC.
 
 :func:`run_load` drives a :class:`Target` with a schedule (:class:`~tailguard.bench.plan.OpenLoop` or
 :class:`~tailguard.bench.plan.ClosedLoop`) inside :class:`~tailguard.bench.plan.Bounds` and returns a
@@ -16,7 +17,10 @@ HTTP clients do). Open loop: a timer ticks at most once a millisecond (event-loo
 only millisecond-precise) and issues every request due within
 :data:`~tailguard.bench.plan.ISSUE_AHEAD_S` of now (:func:`~tailguard.bench.plan.next_tick_in`); latency counts from
 the scheduled time, or from the actual send when that was earlier, so neither a late generator
-nor a busy connection pool makes a latency look shorter than it was.
+nor a busy connection pool makes a latency look shorter than it was. Over gRPC
+(:attr:`Target.grpc_port`) the requests are pre-serialized ``ModelInferRequest`` messages sent
+with ``grpc.aio`` over a few channels (:class:`_Grpc`), on the same schedules and bounds, and
+recorded in the same result.
 """
 
 from __future__ import annotations
@@ -74,13 +78,19 @@ class Target:
     rows_per_request: int = 1
     metrics_path: str | None = "/metrics"
     binary: bool = False
+    grpc_port: int | None = None
+    """Send the requests as gRPC ``ModelInfer`` calls to this port of ``host`` instead (the
+    ``bodies`` are then serialized ``ModelInferRequest`` messages,
+    :func:`tailguard.bench.target.encode_messages`); ``port`` still serves ``metrics_path``."""
 
     def requests(self) -> list[bytes]:
-        """Each body as a complete HTTP/1.1 keep-alive POST.
+        """Each body as a complete HTTP/1.1 keep-alive POST (as it is, for gRPC).
 
         Raises:
             ValueError: ``binary``, and a body does not start with its JSON header.
         """
+        if self.grpc_port is not None:
+            return list(self.bodies)
         start = f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
         heads = []
         for body in self.bodies:
@@ -390,16 +400,26 @@ async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
     loop = run.loop
     if interruptible:
         loop.add_signal_handler(signal.SIGINT, run.interrupt)
-    probe = _Conn(run)  # fail fast, before any timing, when nothing listens
-    transport, _ = await loop.create_connection(lambda: probe, target.host, target.port)
-    run.idle.append(probe)
-    run.opened = 1
+    transport = None
+    rpc: _Grpc | None = None
+    if target.grpc_port is not None:
+        rpc = _Grpc(run, target.host, target.grpc_port)
+        await rpc.connect()  # fail fast, before any timing, when nothing listens
+        run.dispatch = rpc.dispatch  # type: ignore[method-assign]
+    else:
+        probe = _Conn(run)  # fail fast, before any timing, when nothing listens
+        transport, _ = await loop.create_connection(lambda: probe, target.host, target.port)
+        run.idle.append(probe)
+        run.opened = 1
     t0 = time.perf_counter()
     total_s = bounds.warmup_s + bounds.duration_s
     run.win_start, run.win_end = t0 + bounds.warmup_s, t0 + total_s
     if isinstance(schedule, OpenLoop):
         offsets = (arrival_offsets(schedule, total_s, bounds.max_requests) + t0).tolist()
         _start_ticks(run, offsets)
+    elif rpc is not None:
+        for _ in range(schedule.concurrency):
+            rpc.next_call()
     else:
         for _ in range(schedule.concurrency - 1):
             run.open_connection()
@@ -429,7 +449,10 @@ async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
     for conn in list(run.idle):
         run.idle.remove(conn)
         conn.transport.close()
-    run.check_done()
+    if rpc is not None:
+        rpc.check_done()
+    else:
+        run.check_done()
     deadline = time.perf_counter() + bounds.timeout_s
     while not run.done.is_set() and time.perf_counter() < deadline:
         if on_progress:
@@ -438,12 +461,130 @@ async def _drive(target: Target, schedule: Schedule, bounds: Bounds,
             await asyncio.wait_for(run.done.wait(), TICK_S)
         except asyncio.TimeoutError:
             run.watchdog(time.perf_counter())
-    run.abort_all()
-    transport.close()
+    if rpc is not None:
+        await rpc.close()
+    else:
+        run.abort_all()
+    if transport is not None:
+        transport.close()
     await asyncio.sleep(0)
     result = _result(run, schedule, window_s, cpu, before, after)
     result.interrupted = run.interrupted
     return result
+
+
+GRPC_AS_HTTP = {"OK": 200, "INVALID_ARGUMENT": 400, "NOT_FOUND": 404,
+                "RESOURCE_EXHAUSTED": 429, "INTERNAL": 500, "UNAVAILABLE": 503,
+                "DEADLINE_EXCEEDED": 504}
+"""The HTTP status a gRPC status stands for in a :class:`~tailguard.bench.plan.LoadResult` (the
+runtime's mapping, ``tailguard_runtime.rpc.service.STATUS_CODES``, read backwards); other
+codes are transport errors named ``grpc_<code>``."""
+GRPC_CHANNELS = 4
+"""gRPC channels (one HTTP/2 connection each) the calls are spread over, round robin."""
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+class _Grpc:
+    """The gRPC side of a run: pre-serialized ``ModelInferRequest`` bytes sent as
+    ``ModelInfer`` calls over :data:`GRPC_CHANNELS` channels, each call's end recorded as
+    :class:`_Run` records an HTTP answer (the gRPC client's own deadline is the run's
+    ``timeout_s``; a call that passes it counts as ``timeout``). One task per call: ``grpc.aio``
+    gives a call's status only to whoever awaits it."""
+
+    def __init__(self, run: _Run, host: str, port: int) -> None:
+        import grpc
+
+        self.grpc = grpc
+        self.run = run
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        limit = max(len(b) for b in run.requests) + (1 << 16)
+        options = [("grpc.max_send_message_length", limit)]
+        # a subchannel pool of each channel's own: channels with equal arguments would
+        # otherwise share one connection
+        options.append(("grpc.use_local_subchannel_pool", 1))
+        self.channels = [grpc.aio.insecure_channel(target, options=options)
+                         for _ in range(min(GRPC_CHANNELS, run.bounds.max_connections))]
+        self.calls = [c.unary_unary(MODEL_INFER) for c in self.channels]
+        self.in_flight = 0
+        self.turn = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def connect(self) -> None:
+        """Wait until every channel is connected.
+
+        Raises:
+            OSError: one does not connect within 5 s.
+        """
+        try:
+            for channel in self.channels:
+                await asyncio.wait_for(channel.channel_ready(), 5.0)
+        except asyncio.TimeoutError:
+            await self.close()
+            raise OSError("the gRPC port did not accept a connection within 5 s") from None
+        self.run.opened = len(self.channels)
+
+    def dispatch(self, i: int, start: float) -> None:
+        """Send call ``i`` (scheduled at ``start``, perf_counter s) now."""
+        run = self.run
+        now = time.perf_counter()
+        begin = min(start, now)  # issued early by the tick: count from the real send
+        if run.win_start <= start < run.win_end:
+            run.waits.append(now - start if now > start else 0.0)
+        self.turn = (self.turn + 1) % len(self.calls)
+        self.in_flight += 1
+        task = run.loop.create_task(self._call(self.calls[self.turn],
+                                               run.requests[i % run.n_bodies], start, begin))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _call(self, call: Any, body: bytes, sched: float, start: float) -> None:
+        """One call (``grpc.aio`` has no status without awaiting the call)."""
+        try:
+            await call(body, timeout=self.run.bounds.timeout_s)
+            name = "OK"
+        except self.grpc.aio.AioRpcError as exc:
+            name = exc.code().name
+        except asyncio.CancelledError:  # the run's end closed the channel
+            name = "CANCELLED"
+        self._finished(name, sched, start)
+
+    def next_call(self) -> None:
+        """Closed loop: issue the next call, unless the window is over."""
+        run = self.run
+        if not run.stopping and run._may_issue():
+            self.dispatch(*run.issue(time.perf_counter()))
+
+    def _finished(self, name: str, sched: float, start: float) -> None:
+        run = self.run
+        self.in_flight -= 1
+        now = time.perf_counter()
+        status = GRPC_AS_HTTP.get(name)
+        if name in ("DEADLINE_EXCEEDED", "CANCELLED") and now - start >= run.bounds.timeout_s:
+            run.record_error(sched, "timeout")
+        elif status is None:
+            run.record_error(sched, f"grpc_{name.lower()}")
+        else:
+            run.answers += 1
+            run.oks += status == 200
+            if run.win_start <= sched < run.win_end:
+                if status == 200:
+                    run.lat.append(now - start)
+                else:
+                    run.codes[status] = run.codes.get(status, 0) + 1
+                if run.records is not None:
+                    run.records.append((sched, start, now, status, ("", "")))
+        if isinstance(run.schedule, ClosedLoop):
+            self.next_call()
+        self.check_done()
+
+    def check_done(self) -> None:
+        if self.run.stopping and not self.in_flight:
+            self.run.done.set()
+
+    async def close(self) -> None:
+        """Close every channel (calls still in flight are cancelled)."""
+        for channel in self.channels:
+            await channel.close()
 
 
 def _start_ticks(run: _Run, at: list[float]) -> None:

@@ -4,7 +4,7 @@
 :func:`read_metadata` reads its Open Inference Protocol v2 model metadata (feature count,
 datatype, the model URI tailguard reports); :func:`choose_rows` takes rows from ``--rows`` or from
 the builtin model's own dataset and never invents any; :func:`encode_bodies` turns them into v2
-request bodies. Every refusal is a :class:`BenchRefused` with a one-line message.
+request bodies, :func:`encode_messages` into gRPC ``ModelInferRequest`` messages. Every refusal is a :class:`BenchRefused` with a one-line message.
 """
 
 from __future__ import annotations
@@ -179,6 +179,34 @@ def encode_bodies(rows: np.ndarray, datatype: str, rows_per_request: int,
         bodies.append(json.dumps({"inputs": [{**tensor, "data": data}]},
                                  separators=(",", ":")).encode())
     return tuple(bodies)
+
+
+def encode_messages(rows: np.ndarray, datatype: str, rows_per_request: int, model: str,
+                    limit: int = MAX_BODIES) -> tuple[bytes, ...]:
+    """The rows of :func:`encode_bodies`, as serialized gRPC ``ModelInferRequest`` messages
+    for ``model`` (the values in ``raw_input_contents``, little-endian, as ``tritonclient.grpc``
+    sends them).
+
+    Raises:
+        BenchRefused: ``rows_per_request`` below 1, or a datatype with no raw layout.
+    """
+    from tailguard_runtime.rpc import protocol
+
+    if rows_per_request < 1:
+        raise BenchRefused("--rows-per-request must be >= 1")
+    layout = {"FP64": "<f8", "FP32": "<f4", "INT64": "<i8"}.get(datatype)
+    if layout is None:
+        raise BenchRefused(f"--protocol grpc: the model's datatype {datatype} has no raw layout")
+    tensor = protocol.message("ModelInferRequest.InferInputTensor")
+    n = rows.shape[0]
+    messages = []
+    for k in range(max(1, min(limit, n // rows_per_request))):
+        idx = [(k * rows_per_request + j) % n for j in range(rows_per_request)]
+        request = protocol.ModelInferRequest(model_name=model, inputs=[tensor(
+            name="input-0", datatype=datatype, shape=[rows_per_request, rows.shape[1]])],
+            raw_input_contents=[np.ascontiguousarray(rows[idx], dtype=layout).tobytes()])
+        messages.append(request.SerializeToString())
+    return tuple(messages)
 
 
 def binary_header_length(body: bytes) -> int:

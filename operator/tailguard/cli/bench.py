@@ -59,6 +59,12 @@ def add_parser(sub: Any) -> None:
     cmd.add_argument("--binary", action="store_true",
                      help="send the rows as binary tensor data (the v2 binary extension, as "
                           "tritonclient does by default) and ask for binary outputs")
+    cmd.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                     help="http (REST, the default) or grpc: ModelInfer calls of the Open "
+                          "Inference Protocol's gRPC service, the rows as raw contents")
+    cmd.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                     help="the gRPC port, with --protocol grpc and a URL target (default 8081; "
+                          "for a YAML target, the port tailguard up serves)")
     cmd.add_argument("--slo-ms", type=float,
                      help="the p99 SLO in ms (default: the spec's slo.p99LatencyMs; needed for "
                           "a sweep against a URL)")
@@ -82,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         BenchRefused,
         choose_rows,
         encode_bodies,
+        encode_messages,
         parse_url,
         read_metadata,
     )
@@ -118,8 +125,17 @@ def run(args: argparse.Namespace) -> int:
                                f"{target.host} to load it")
         model = read_metadata(target)
         rows, source = choose_rows(model, args.rows)
-        bodies = encode_bodies(rows, model.datatype, args.rows_per_request, binary=args.binary)
-        return _measure(args, target, bodies, source, rates, bounds, slo_ms)
+        grpc_port = None
+        if args.protocol == "grpc":
+            if args.binary:
+                raise BenchRefused("--binary is a REST encoding; --protocol grpc sends the "
+                                   "rows as raw contents already")
+            grpc_port = up.grpc_port if up is not None else (args.grpc_port or 8081)
+            bodies = encode_messages(rows, model.datatype, args.rows_per_request, target.name)
+        else:
+            bodies = encode_bodies(rows, model.datatype, args.rows_per_request,
+                                   binary=args.binary)
+        return _measure(args, target, bodies, source, rates, bounds, slo_ms, grpc_port)
     except BenchRefused as exc:
         print(f"tailguard bench: {exc}", file=sys.stderr)
         return 1
@@ -161,14 +177,15 @@ def _serve(spec: Path, args: argparse.Namespace) -> Any:
 
 
 def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, ...], source: str,
-             rates: list[float] | None, bounds: Bounds, slo_ms: float | None) -> int:
+             rates: list[float] | None, bounds: Bounds, slo_ms: float | None,
+             grpc_port: int | None = None) -> int:
     from tailguard.bench.loadgen import Target, run_load, run_sync
     from tailguard.bench.plan import ClosedLoop, OpenLoop, outcome, sweep_verdict
     from tailguard.bench.target import BenchRefused
     from tailguard.cli import view
 
     gen_target = Target(target.host, target.port, target.model_path + "/infer", bodies,
-                        args.rows_per_request, binary=args.binary)
+                        args.rows_per_request, binary=args.binary, grpc_port=grpc_port)
     schedules: list[OpenLoop | ClosedLoop] = (
         [OpenLoop(r, args.arrivals == "poisson", args.seed) for r in rates] if rates
         else [ClosedLoop(args.concurrency)])
@@ -186,7 +203,8 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
                                            record=args.records is not None,
                                            interruptible=True))
             except OSError as exc:
-                raise BenchRefused(f"cannot connect to {target.base}: {exc.strerror or exc}")
+                where = target.base if grpc_port is None else f"{target.host}:{grpc_port} (gRPC)"
+                raise BenchRefused(f"cannot connect to {where}: {exc.strerror or exc}")
             except KeyboardInterrupt:  # in a warm-up: report the rates that ran, if any
                 if not results:
                     raise
@@ -208,6 +226,8 @@ def _measure(args: argparse.Namespace, target: TargetURL, bodies: tuple[bytes, .
         outcomes.append(outcome(results[-1], slo_ms))
     report: dict[str, Any] = {
         "target": target.base + target.model_path, "rows": source,
+        "protocol": "grpc" if grpc_port is not None else (
+            "http-binary" if args.binary else "http"),
         "rowsPerRequest": args.rows_per_request, "sloMs": slo_ms,
         "runs": [r.as_dict() | ({"slo": outcomes[k]} if k < len(outcomes) else {})
                  for k, r in enumerate(results)],

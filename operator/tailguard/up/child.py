@@ -46,6 +46,18 @@ class UpProcess:
         """Everything printed so far."""
         return "".join(self.printed)
 
+    @property
+    def grpc_port(self) -> int:
+        """The gRPC port the banner names (its ``gRPC HOST:PORT`` line).
+
+        Raises:
+            UpFailed: the banner has no such line.
+        """
+        found = self.wait_for(r"^  gRPC +\S+:(\d+) ")
+        if not found:
+            raise UpFailed("tailguard up printed no gRPC line:\n" + self.text())
+        return int(found[0].group(1))
+
     def wait_for(self, pattern: str, count: int = 1) -> list[re.Match[str]]:
         """Wait until ``pattern`` matched ``count`` printed lines (at most :data:`WAIT_S`);
         return the matches."""

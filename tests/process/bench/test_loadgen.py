@@ -30,6 +30,7 @@ from tailguard.bench.loadgen import Target, run_load, run_sync
 from tailguard.bench.plan import Bounds, ClosedLoop, LoadResult, OpenLoop
 from tailguard.cli.view import print_report
 from tailguard.up.child import UpProcess, start_up
+from tailguard_runtime.server import free_port
 
 ROOT = REPO
 NULL_SERVER = ROOT / "benchmarks" / "peers" / "null_server.py"
@@ -164,6 +165,28 @@ def test_binary_tensor_data_is_measured_like_json(digits_up: UpProcess) -> None:
     assert run["sent"] > 50 and run["ok"] == run["sent"], run
     assert set(run["server"]["requests"]) == {"200"}
     assert run["server"]["batch_rows"]["mean"] >= 5
+
+
+@pytest.mark.parametrize("load", [("--concurrency", "4"), ("--rate", "100")])
+def test_grpc_calls_are_measured_like_rest_requests(digits_up: UpProcess,
+                                                   load: tuple[str, str]) -> None:
+    """``--protocol grpc`` sends ModelInfer calls to the gRPC port, closed or open loop: every
+    call is answered, in batches, and the server's own count agrees with the client's."""
+    url = f"{digits_up.base}/v2/models/digits"
+    code, report, err = bench(url, *load, "--duration", "2", "--warmup", "0.5",
+                              "--rows-per-request", "5", "--protocol", "grpc",
+                              "--grpc-port", str(digits_up.grpc_port), *ROOM)
+    assert code == 0, err
+    assert report is not None and report["protocol"] == "grpc"
+    run, = report["runs"]
+    assert run["sent"] > 50 and run["ok"] == run["sent"], run
+    assert accounted(run) == run["sent"] and ordered(run["latency_ms"])
+    assert set(run["server"]["requests"]) == {"200"}
+    assert run["server"]["batch_rows"]["mean"] >= 5
+    # nothing listens on the port: one line, exit 1
+    code, _, err = bench(url, "--rate", "10", "--duration", "1", "--protocol", "grpc",
+                         "--grpc-port", str(free_port("127.0.0.1", 0)))
+    assert code == 1 and "(gRPC)" in err and len(err.splitlines()) == 1, err
 
 
 def test_an_inference_service_yaml_is_served_measured_and_stopped(tmp_path: Path) -> None:
