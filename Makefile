@@ -1,9 +1,9 @@
 # Two entry points for a fresh machine (Python 3.11+ on PATH as python3):
 #   make up     create .venv, install tailguard, serve examples/digits.yaml on 127.0.0.1:8080
 #               (make up PORT=9090 EXAMPLE=examples/iris.yaml to change either)
-#   make test   create .venv, install tailguard with its test tools (and helm), build the
-#               project's images (hack/image/build.py: root and debootstrap needed, ~2 min the
-#               first time) and the Kubernetes control plane and node the tests run on (Go
+#   make test   create .venv, install tailguard with its test tools (and helm; KServe's client
+#               in .venv-kserve), build the project's images (hack/image/build.py: root and
+#               debootstrap needed, ~2 min the first time) and the Kubernetes control plane and node the tests run on (Go
 #               needed; cached outside the clone, ~12 min the first time), run the suite
 #   make test-kube KUBE_VERSION=v1.34.4   the cluster tests against another pinned release
 #   make crds   copy crds/*.yaml (the one source) into the operator package and the chart
@@ -41,7 +41,18 @@ proto: $(INSTALLED)
 
 install: $(INSTALLED) proto
 
-install-test: $(INSTALLED_TEST) proto
+# KServe's Python client, for the tests that use it, in a venv of its own (kserve 0.21.0 needs
+# python-dateutil below 3; the kubernetes client in .venv needs 3 or above).
+KSERVE_VENV ?= .venv-kserve
+KSERVE_INSTALLED := $(KSERVE_VENV)/.installed
+
+$(KSERVE_INSTALLED): tests/clients/kserve-requirements.txt
+	python3 -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(KSERVE_VENV)/bin/python -m pip install --quiet -r tests/clients/kserve-requirements.txt
+	touch $@
+
+install-test: $(INSTALLED_TEST) proto $(KSERVE_INSTALLED)
 	PYTHON=$(PY) bash scripts/install-helm.sh $(HELM_DIR)
 
 up: install
@@ -74,4 +85,4 @@ bench: install
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(HELM_DIR) .pytest_cache
+	rm -rf $(VENV) $(KSERVE_VENV) $(HELM_DIR) .pytest_cache
