@@ -173,7 +173,7 @@ def test_grpc_calls_are_measured_like_rest_requests(digits_up: UpProcess,
     """``--protocol grpc`` sends ModelInfer calls to the gRPC port, closed or open loop: every
     call is answered, in batches, and the server's own count agrees with the client's."""
     url = f"{digits_up.base}/v2/models/digits"
-    code, report, err = bench(url, *load, "--duration", "2", "--warmup", "0.5",
+    code, report, err = bench(url, *load, "--duration", "1.5", "--warmup", "0.5",
                               "--rows-per-request", "5", "--protocol", "grpc",
                               "--grpc-port", str(digits_up.grpc_port), *ROOM)
     assert code == 0, err

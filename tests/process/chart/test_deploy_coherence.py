@@ -40,6 +40,7 @@ from tailguard.operator.peering import Peering
 from tailguard.operator.settings import OperatorSettings
 from tailguard.spec import resource
 from tailguard_runtime.models import load_dataset
+from tailguard_runtime.settings import RuntimeSettings
 from tailguard_runtime.wire import decode_v2
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
@@ -202,7 +203,8 @@ def test_runtime_image_entry_point_and_environment() -> None:
     cmd = options(final.exec_form("CMD"))
     assert cmd == {"--config": "/etc/tailguard/runtime.json", "--host": "0.0.0.0",
                    "--port": str(manifests.PORT)}
-    assert final.args("EXPOSE") == [str(manifests.PORT)]
+    # HTTP, and the gRPC service at the CRD's default grpcPort
+    assert final.args("EXPOSE") == [f"{manifests.PORT} {RuntimeSettings.grpc_port}"]
     env = DOCKERFILE.env(final)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         assert env[var] == "1"
@@ -273,8 +275,9 @@ def test_runtime_pods_run_the_image_as_its_dockerfile_says(role: str) -> None:
     assert options(command[1:]) == {**options(final.exec_form("CMD")), "--role": role,
                                     "--traffic": "/etc/tailguard/traffic.json",
                                     "--termination-log": "/dev/termination-log"}
-    assert container["ports"] == [{"name": "http", "containerPort": int(final.args("EXPOSE")[0]),
-                                   "protocol": "TCP"}]
+    http, grpc = (int(port) for port in final.args("EXPOSE")[0].split())
+    assert container["ports"] == [{"name": "http", "containerPort": http, "protocol": "TCP"},
+                                  {"name": "grpc", "containerPort": grpc, "protocol": "TCP"}]
     config = options(command[1:])["--config"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volume = {v["name"]: v for v in pod["spec"]["volumes"]}[mounts[posixpath.dirname(config)]]
