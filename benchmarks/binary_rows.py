@@ -37,6 +37,8 @@ import run  # noqa: E402
 from loadgen import encode_body  # noqa: E402
 from refmodel import sample_rows, write_model  # noqa: E402
 
+from tailguard.bench.target import encode_messages  # noqa: E402
+
 
 def bodies(x: np.ndarray) -> dict[str, tuple[bytes, dict[str, str]]]:
     """The same rows as a JSON request and as a binary one: ``encoding -> (body, headers)``."""
@@ -69,17 +71,6 @@ def rows_per_s(port: int, path: str, body: bytes, headers: dict[str, str], rows:
         return rows * requests / (time.perf_counter() - started)
     finally:
         conn.close()
-
-
-def grpc_message(x: np.ndarray) -> bytes:
-    """The same rows as a serialized ``ModelInferRequest`` for the model ``ref``."""
-    from tailguard_runtime.rpc import protocol
-
-    tensor = protocol.message("ModelInferRequest.InferInputTensor")
-    return protocol.ModelInferRequest(model_name="ref", inputs=[tensor(
-        name="input-0", datatype="FP64", shape=list(x.shape))],
-        raw_input_contents=[np.ascontiguousarray(x, dtype="<f8").tobytes()]
-    ).SerializeToString()
 
 
 def grpc_rows_per_s(port: int, message: bytes, rows: int, requests: int) -> float:
@@ -116,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                       if t.config.startswith("batching on")]
         with run.running(target, workdir, args.server_cpu) as server:
             grpc_port = json.loads((workdir / "tailguard-64.json").read_text())["grpcPort"]
-            message = grpc_message(x)
+            (message,) = encode_messages(x, "FP64", len(x), "ref", limit=1)
 
             def measure(name: str, requests: int) -> float:
                 if name == "grpc":

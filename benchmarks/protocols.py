@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
@@ -71,8 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         model = write_model(workdir / "forest.joblib")
         rows = workdir / "rows.npy"
-        import numpy as np
-
         np.save(rows, sample_rows(1024))
         (target,) = [t for t in run.build_targets(["tailguard"], model)
                      if t.config.startswith("batching on")]

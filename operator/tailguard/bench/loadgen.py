@@ -214,7 +214,11 @@ class _Run:
             if self.records is not None:
                 self.records.append((sched, sched, time.perf_counter(), 0, kind))
 
-    def answered(self, conn: _Conn, sched: float, start: float, now: float, status: int) -> None:
+    def record_answer(self, sched: float, start: float, now: float, status: int,
+                      captured: tuple[Any, ...]) -> None:
+        """Count an answer with ``status`` (HTTP, or the one a gRPC status stands for) to the
+        request scheduled at ``sched`` and sent at ``start`` (perf_counter s); ``captured``:
+        its role and model, for the records."""
         self.answers += 1
         if status == 200:
             self.oks += 1
@@ -224,7 +228,10 @@ class _Run:
             else:
                 self.codes[status] = self.codes.get(status, 0) + 1
             if self.records is not None:
-                self.records.append((sched, start, now, status, tuple(conn.parser.captured)))
+                self.records.append((sched, start, now, status, captured))
+
+    def answered(self, conn: _Conn, sched: float, start: float, now: float, status: int) -> None:
+        self.record_answer(sched, start, now, status, tuple(conn.parser.captured))
         if conn.parser.close:
             conn.transport.close()
             return
@@ -564,15 +571,7 @@ class _Grpc:
         elif status is None:
             run.record_error(sched, f"grpc_{name.lower()}")
         else:
-            run.answers += 1
-            run.oks += status == 200
-            if run.win_start <= sched < run.win_end:
-                if status == 200:
-                    run.lat.append(now - start)
-                else:
-                    run.codes[status] = run.codes.get(status, 0) + 1
-                if run.records is not None:
-                    run.records.append((sched, start, now, status, ("", "")))
+            run.record_answer(sched, start, now, status, ("", ""))
         if isinstance(run.schedule, ClosedLoop):
             self.next_call()
         self.check_done()

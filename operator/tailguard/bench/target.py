@@ -19,6 +19,8 @@ import numpy as np
 MAX_BODIES = 1024
 """Distinct request bodies pre-encoded and sent in turn."""
 DATATYPES = ("FP64", "FP32", "INT64", "INT32")
+RAW_LAYOUTS = {"FP64": "<f8", "FP32": "<f4", "INT64": "<i8"}
+"""How a datatype's values are laid out as bytes (binary tensor data, gRPC raw contents)."""
 
 
 class BenchRefused(Exception):
@@ -155,27 +157,22 @@ def encode_bodies(rows: np.ndarray, datatype: str, rows_per_request: int,
     ``parameters.binary_data_size``, and ``binary_data_output`` so the answer is binary too)
     followed by the rows, little-endian, as :func:`binary_header_length` finds them.
     """
-    if rows_per_request < 1:
-        raise BenchRefused("--rows-per-request must be >= 1")
-    n = rows.shape[0]
-    count = max(1, min(limit, n // rows_per_request))
     cast = int if datatype.startswith("INT") else float
-    layout = {"FP64": "<f8", "FP32": "<f4", "INT64": "<i8"}.get(datatype)
+    layout = RAW_LAYOUTS.get(datatype)
     if binary and layout is None:
         raise BenchRefused(f"--binary: the model's datatype {datatype} has no binary layout")
     bodies = []
-    for k in range(count):
-        idx = [(k * rows_per_request + j) % n for j in range(rows_per_request)]
+    for block in request_rows(rows, rows_per_request, limit):
         tensor = {"name": "input-0", "shape": [rows_per_request, rows.shape[1]],
                   "datatype": datatype}
         if binary:
-            raw = np.ascontiguousarray(rows[idx], dtype=layout).tobytes()
+            raw = np.ascontiguousarray(block, dtype=layout).tobytes()
             header = json.dumps({"inputs": [{**tensor, "parameters": {
                 "binary_data_size": len(raw)}}], "parameters": {"binary_data_output": True}},
                 separators=(",", ":")).encode()
             bodies.append(header + raw)
             continue
-        data = [cast(v) for v in rows[idx].ravel().tolist()]
+        data = [cast(v) for v in block.ravel().tolist()]
         bodies.append(json.dumps({"inputs": [{**tensor, "data": data}]},
                                  separators=(",", ":")).encode())
     return tuple(bodies)
@@ -192,21 +189,29 @@ def encode_messages(rows: np.ndarray, datatype: str, rows_per_request: int, mode
     """
     from tailguard_runtime.rpc import protocol
 
-    if rows_per_request < 1:
-        raise BenchRefused("--rows-per-request must be >= 1")
-    layout = {"FP64": "<f8", "FP32": "<f4", "INT64": "<i8"}.get(datatype)
+    layout = RAW_LAYOUTS.get(datatype)
     if layout is None:
         raise BenchRefused(f"--protocol grpc: the model's datatype {datatype} has no raw layout")
     tensor = protocol.message("ModelInferRequest.InferInputTensor")
+    return tuple(protocol.ModelInferRequest(model_name=model, inputs=[tensor(
+        name="input-0", datatype=datatype, shape=[rows_per_request, rows.shape[1]])],
+        raw_input_contents=[np.ascontiguousarray(block, dtype=layout).tobytes()]
+    ).SerializeToString() for block in request_rows(rows, rows_per_request, limit))
+
+
+def request_rows(rows: np.ndarray, rows_per_request: int, limit: int = MAX_BODIES
+                 ) -> list[np.ndarray]:
+    """``rows`` cut into requests of ``rows_per_request`` consecutive rows (wrapping around), as
+    many as cover ``rows`` once, at least one and at most ``limit``.
+
+    Raises:
+        BenchRefused: ``rows_per_request`` below 1.
+    """
+    if rows_per_request < 1:
+        raise BenchRefused("--rows-per-request must be >= 1")
     n = rows.shape[0]
-    messages = []
-    for k in range(max(1, min(limit, n // rows_per_request))):
-        idx = [(k * rows_per_request + j) % n for j in range(rows_per_request)]
-        request = protocol.ModelInferRequest(model_name=model, inputs=[tensor(
-            name="input-0", datatype=datatype, shape=[rows_per_request, rows.shape[1]])],
-            raw_input_contents=[np.ascontiguousarray(rows[idx], dtype=layout).tobytes()])
-        messages.append(request.SerializeToString())
-    return tuple(messages)
+    return [rows[[(k * rows_per_request + j) % n for j in range(rows_per_request)]]
+            for k in range(max(1, min(limit, n // rows_per_request)))]
 
 
 def binary_header_length(body: bytes) -> int:
