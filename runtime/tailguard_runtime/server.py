@@ -1,10 +1,11 @@
 """The process lifecycle: listen, serve, and drain on SIGTERM.
 
 Shutdown order, on the first SIGTERM or SIGINT: readiness turns 503 and admission stops (new
-requests get 503, or ``UNAVAILABLE`` on gRPC, while the listeners are still open), the forming batch is flushed at once, every
-admitted request gets up to ``drain_grace_seconds`` to finish, whatever is still unanswered then
-gets 503 (never a dropped connection), and only then does uvicorn close the listener and the idle
-connections, and the gRPC server stops. A second SIGINT forces the exit. In a cluster a preStop delay before SIGTERM lets
+requests get 503, or ``UNAVAILABLE`` on gRPC, while the listeners are still open), the forming
+batch is flushed at once, every admitted request gets up to ``drain_grace_seconds`` to finish,
+whatever is still unanswered then gets 503 (never a dropped connection), and only then does
+uvicorn close the listener and the idle connections, and the gRPC server stops. A second
+SIGINT forces the exit. In a cluster a preStop delay before SIGTERM lets
 the endpoints update first.
 
 ``tailguard-runtime`` (:mod:`tailguard_runtime.main`) is the container entry point; ``tailguard up``
@@ -47,8 +48,6 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.runtime = runtime
         self._drain_task: asyncio.Task[None] | None = None
-        self.grpc_port: int | None = None
-        """The port the gRPC service listens on (``None``: none), once serving."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -139,9 +138,8 @@ async def serve(runtime: Runtime, sock: socket.socket, *, grpc_port: int | None 
         OSError: the gRPC port cannot be bound (before anything is served).
     """
     rpc: grpc.aio.Server | None = None
-    bound_grpc: int | None = None
     if grpc_port is not None:
-        rpc, bound_grpc = grpc_server(runtime, sock.getsockname()[0], grpc_port)
+        rpc = grpc_server(runtime, sock.getsockname()[0], grpc_port)
     await runtime.start()
     # http: uvicorn's httptools protocol with JSON errors and per-connection bounds.
     # proxy_headers off: nothing sits in front of the runtime that we trust, and uvicorn would
@@ -160,7 +158,6 @@ async def serve(runtime: Runtime, sock: socket.socket, *, grpc_port: int | None 
                             timeout_graceful_shutdown=5, server_header=False, proxy_headers=False,
                             timeout_keep_alive=limits.keep_alive_s)  # type: ignore[arg-type]
     server = DrainingServer(config, runtime)
-    server.grpc_port = bound_grpc
     if rpc is not None:
         await rpc.start()
     tune_garbage_collector()

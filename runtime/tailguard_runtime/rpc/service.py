@@ -352,9 +352,9 @@ def service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(pb.SERVICE, handlers)
 
 
-def grpc_server(runtime: Runtime, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+def grpc_server(runtime: Runtime, host: str, port: int) -> grpc.aio.Server:
     """A ``grpc.aio`` server for ``runtime`` bound to ``host:port`` (``port`` 0 picks a free
-    one), not yet started; returns it and the bound port. Call inside the running loop.
+    one), not yet started. Call inside the running loop.
 
     Raises:
         OSError: the address cannot be bound.
@@ -371,4 +371,4 @@ def grpc_server(runtime: Runtime, host: str, port: int) -> tuple[grpc.aio.Server
         raise OSError(98, f"cannot listen on {address} for gRPC: {exc}") from None
     if bound == 0:
         raise OSError(98, f"cannot listen on {address} for gRPC")
-    return server, bound
+    return server
