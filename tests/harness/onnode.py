@@ -19,6 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
 from harness.kube.client import ApiError, Client, wait_for
 from harness.kube.controlplane import ControlPlane
 from harness.kube.holder import Holder
@@ -331,6 +333,17 @@ class Load:
             self.proc.send_signal(signal.SIGINT)
             self.interrupted = True
 
+    def abandon(self) -> None:
+        """End the run if it still runs and reap it, its records unread: a test that failed
+        before its load's end leaves no process and no open pipe."""
+        if self.proc.returncode is None:
+            self.interrupt()
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+
     def stop(self, at: float, timeout: float = 120) -> list[dict[str, Any]]:
         """:meth:`interrupt` at the Unix time ``at`` (at once when it has passed), then
         :meth:`finish`: a test ends the load once it has seen what it needs."""
@@ -377,3 +390,24 @@ def failures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def on_node(pods: list[dict[str, Any]]) -> bool:
     return all(p["spec"].get("nodeName") == NODE_NAME for p in pods)
 
+
+def monitoring_from_chart(cluster: ControlPlane, namespace: str, images: Mapping[str, Image],
+                          interval: str) -> tuple[list[dict[str, Any]], str]:
+    """What the real node's release would give a Prometheus stack: its PodMonitors and its
+    prometheus-adapter rules (``config.yaml``), rendered by ``helm template`` with the same
+    values as :func:`installed_on_node` plus ``podMonitor`` (scrape ``interval``) and
+    ``prometheusAdapter.rules`` enabled (the release itself has neither: the test cluster has
+    no Prometheus Operator CRDs)."""
+    values = {**chart_values(namespace, images),
+              "podMonitor": {"enabled": True, "interval": interval},
+              "prometheusAdapter": {"rules": {"enabled": True}}}
+    path = cluster.workdir / f"values-{RELEASE}-monitoring.yaml"
+    path.write_text(yaml.safe_dump(values))
+    rendered = [doc for doc in yaml.safe_load_all(helm(
+        cluster, "template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "-f", str(path)
+    ).stdout) if doc]
+    monitors = [doc for doc in rendered if doc["kind"] == "PodMonitor"]
+    rules = [doc["data"]["config.yaml"] for doc in rendered if doc["kind"] == "ConfigMap"
+             and "config.yaml" in doc.get("data", {})]
+    assert monitors and len(rules) == 1, "the chart rendered no PodMonitor or adapter rules"
+    return monitors, rules[0]

@@ -7,7 +7,8 @@ one has before a test runs: a ready API server, the ``default`` ServiceAccount, 
 without the not-ready taint. The API server authorizes with ``Node,RBAC``, runs the default
 admission plugins plus ``NodeRestriction``, signs service account tokens, and writes an audit
 log of every write (:mod:`.audit`). It advertises the node address, so the ``kubernetes``
-Service leads to it.
+Service leads to it, and runs the aggregation layer (a front-proxy CA of its own), so extension
+API servers such as the metrics pipeline's (:mod:`.metrics`) can serve through it.
 
 Two kinds of node: kwok's (:data:`NODES`), whose pods exist only as API objects that kwok marks
 Running and Ready, and, when asked for, one real node (:class:`~.node.Node`: containerd, runc,
@@ -56,6 +57,8 @@ SERVICE_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODES = ("kwok-node-0", "kwok-node-1")
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 NODE_SIZE = {"cpu": "1k", "memory": "4Ti", "pods": "2k"}
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""The name the API server's aggregator presents to extension API servers."""
 START_TIMEOUT_S = 90.0
 """How long the whole control plane may take to become usable (it needs about 10 s here)."""
 
@@ -95,6 +98,8 @@ class ControlPlane:
     images: list[Path] | None = None
     """OCI archives for the real node (the first is the pause image); None: no real node."""
     pause_image: str = ""
+    hpa_sync_period_s: int = 15
+    """The HPA controller's ``--horizontal-pod-autoscaler-sync-period`` (its default, 15 s)."""
     url: str = ""
     identities: dict[str, Identity] = field(default_factory=dict)
     holder: Holder | None = None
@@ -112,6 +117,12 @@ class ControlPlane:
         """The cluster CA certificate (PEM)."""
         assert self._authority is not None
         return self._authority.pair.cert
+
+    @property
+    def authority(self) -> pki.Authority:
+        """The cluster CA, which signs every serving and client certificate of the cluster."""
+        assert self._authority is not None
+        return self._authority
 
     @property
     def admin(self) -> Identity:
@@ -227,9 +238,10 @@ class ControlPlane:
              *args], input=input, capture_output=True, text=True, check=check, timeout=timeout)
 
     def token_identity(self, name: str, *, namespace: str, service_account: str,
-                       duration_s: int = 7200) -> Identity:
+                       duration_s: int = 7200, inner: bool = False) -> Identity:
         """A kubeconfig that authenticates with a bound token of a ServiceAccount (what a pod
         running under it presents), from the TokenRequest API; valid ``duration_s`` seconds.
+        With ``inner``, for a process inside the namespace (:data:`INNER_URL`).
 
         Raises:
             subprocess.CalledProcessError: kubectl could not create the token.
@@ -237,7 +249,8 @@ class ControlPlane:
         token = self.kubectl("create", "token", service_account, "-n", namespace,
                              f"--duration={duration_s}s").stdout.strip()
         user = f"system:serviceaccount:{namespace}:{service_account}"
-        identity = Identity(user, self._kubeconfig(name, {"token": token}, namespace=namespace))
+        identity = Identity(user, self._kubeconfig(name, {"token": token}, namespace=namespace,
+                                                   server=INNER_URL if inner else None))
         self.identities[name] = identity
         return identity
 
@@ -256,6 +269,13 @@ class ControlPlane:
                                                 user="kube-apiserver-kubelet-client",
                                                 groups=("system:masters",))
         self._sa_key = pki.signing_key(folder)
+        # The aggregation layer (metrics.k8s.io, custom.metrics.k8s.io): the API server proxies
+        # to an extension API server with a client certificate of a CA of its own, which the
+        # extension trusts for the X-Remote-* headers naming the user.
+        (folder / "front-proxy").mkdir(exist_ok=True)
+        self._front_proxy = pki.Authority(folder / "front-proxy", "tailguard-front-proxy-ca")
+        self._proxy_client = self._front_proxy.client("front-proxy-client",
+                                                      user=FRONT_PROXY_CLIENT)
         for name, user, groups in (
                 ("admin", "tailguard-test-admin", ("system:masters",)),
                 ("kube-controller-manager", "system:kube-controller-manager", ()),
@@ -329,6 +349,16 @@ class ControlPlane:
             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json", "--audit-log-mode=blocking",
             "--allow-privileged=true", f"--cert-dir={self.workdir / 'pki'}",
+            f"--requestheader-client-ca-file={self._front_proxy.pair.cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={self._proxy_client.cert}",
+            f"--proxy-client-key-file={self._proxy_client.key}",
+            # To an APIService's endpoints, not its ClusterIP: the extension servers run
+            # before (and without) the real node's kube-proxy.
+            "--enable-aggregator-routing=true",
             "--profiling=false", "-v=1"])
 
     def _start_controllers(self) -> None:
@@ -340,6 +370,7 @@ class ControlPlane:
             f"--service-account-private-key-file={self._sa_key.key}",
             "--use-service-account-credentials=true", "--leader-elect=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_period_s}s",
             "--controllers=*", "--profiling=false", "-v=1"])
         scheduler = self._inner["kube-scheduler"]
         self._spawn("kube-scheduler", [
