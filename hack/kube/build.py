@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gomod import ETCD_MAIN, HERE, TOOLS, go_env, staging_version, unresolved, write_etcd_main  # noqa: E402
@@ -134,25 +135,38 @@ def build(tag: str, *, log: bool = True) -> Path:
     """
     folder = module_dir(tag)
     target = cache_root() / f"{tag}-{pin_digest(tag)}"
-    if _complete(target):
+    return cached(target, (*BINARIES, KWOK_STAGES),
+                  lambda staging: _build_into(staging, folder, tag, target, log))
+
+
+def cached(target: Path, files: Iterable[str], make: Callable[[Path], None]) -> Path:
+    """``target``, once it holds every one of ``files``: else ``make(staging)`` fills a
+    staging folder beside it, which then replaces it. One build per target at a time (a lock
+    file beside it): the others wait, then reuse what it built.
+
+    Raises:
+        BuildError: from ``make``.
+    """
+    names = tuple(files)
+
+    def complete() -> bool:
+        return all((target / name).is_file() for name in names)
+
+    if complete():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per pin set; the others wait, then reuse
-        if _complete(target):
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete():
             return target
         staging = target.with_name(target.name + f".partial-{os.getpid()}")
         try:
-            _build_into(staging, folder, tag, target, log)
+            make(staging)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def _complete(target: Path) -> bool:
-    return all((target / name).is_file() for name in (*BINARIES, KWOK_STAGES))
 
 
 def _build_into(staging: Path, folder: Path, tag: str, target: Path, log: bool) -> None:

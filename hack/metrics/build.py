@@ -33,9 +33,7 @@ else ``$XDG_CACHE_HOME/tailguard/kube``, else ``~/.cache/tailguard/kube``. Stdli
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -44,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kube"))
-from build import BuildError, cache_root, find_go  # noqa: E402
+from build import BuildError, cache_root, cached, find_go  # noqa: E402
 from gomod import go_env  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -93,25 +91,7 @@ def build(*, log: bool = True) -> Path:
         BuildError: no usable Go, or a failed build.
     """
     target = target_dir()
-    if _complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per pin set; the others wait, then reuse
-        if _complete(target):
-            return target
-        staging = target.with_name(target.name + f".partial-{os.getpid()}")
-        try:
-            _build_into(staging, target, log)
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def _complete(target: Path) -> bool:
-    return all((target / name).is_file() for name in PROGRAMS)
+    return cached(target, PROGRAMS, lambda staging: _build_into(staging, target, log))
 
 
 def _build_into(staging: Path, target: Path, log: bool) -> None:
