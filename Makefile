@@ -5,7 +5,7 @@
 #               in .venv-kserve), build the project's images (hack/image/build.py: root and
 #               debootstrap needed, ~2 min the first time), the Kubernetes control plane and node the tests run on,
 #               and the metrics pipeline the HPA reads (metrics-server, Prometheus, prometheus-adapter) (Go
-#               needed; cached outside the clone, ~12 + ~8 min the first time), run the suite
+#               needed; cached outside the clone, ~12 + ~10 min the first time), run the suite
 #   make test-kube KUBE_VERSION=v1.34.4   the cluster tests against another pinned release
 #   make crds   copy crds/*.yaml (the one source) into the operator package and the chart
 VENV ?= .venv

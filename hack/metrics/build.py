@@ -20,7 +20,8 @@ Debian's own ``prometheus`` package (2.42) was tried first and is built without 
 
 To move a pin: ``cd hack/metrics/NAME && go get -tool PACKAGE@VERSION``.
 
-The cache folder is keyed by a digest of every go.mod and go.sum here and the tags, so a change of pins builds anew.
+The cache folder is keyed by a digest of every go.mod and go.sum here and the tags, so a
+change of pins builds anew.
 Prints the folder holding the binaries as its last line.
 
 Usage::
@@ -85,7 +86,8 @@ def target_dir() -> Path:
 
 def build(*, log: bool = True) -> Path:
     """The folder holding every binary of :data:`PROGRAMS`, building them if the cache lacks
-    them (a cold build takes about 12 minutes on 2 cores, most of it Prometheus).
+    them (a cold build takes about 10 minutes on 2 cores, most of it Prometheus and the
+    adapter).
 
     Raises:
         BuildError: no usable Go, or a failed build.
