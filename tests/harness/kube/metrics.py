@@ -24,17 +24,16 @@ Every process is ended by its PID in :meth:`MetricsPipeline.stop`.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
@@ -236,14 +235,12 @@ class MetricsPipeline:
     cluster: ControlPlane
     bindir: Path
     workdir: Path
-    prometheus_port: int = 0
-    """Prometheus on the host's loopback (a forwarder), once started."""
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _created: list[dict[str, Any]] = field(default_factory=list)
 
     def start(self, pod_monitors: Sequence[Mapping[str, Any]], adapter_config: str) -> None:
         """Create the pipeline's API objects, start the three programs and wait until both
-        metrics APIs are Available and Prometheus is ready.
+        metrics APIs are Available.
 
         ``pod_monitors``: the chart's rendered PodMonitors; ``adapter_config``: its
         prometheus-adapter ConfigMap's ``config.yaml``.
@@ -251,8 +248,6 @@ class MetricsPipeline:
         Raises:
             PipelineError: a program exited, or an API was not Available in time.
         """
-        holder = self.cluster.holder
-        assert holder is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         ca = self.cluster.ca
@@ -297,10 +292,9 @@ class MetricsPipeline:
                 f"--prometheus-url=http://127.0.0.1:{PROMETHEUS_PORT}/",
                 f"--metrics-relist-interval={ADAPTER_RELIST_S}s",
                 f"--config={rules}", "--v=1"])
-            self.prometheus_port = holder.forward(PROMETHEUS_PORT)
             for api in ("v1beta1.metrics.k8s.io", "v1beta1.custom.metrics.k8s.io"):
                 self._wait(deadline, f"the APIService {api} Available",
-                           lambda api=api: self._available(api))
+                           functools.partial(self._available, api))
         except BaseException:
             self.stop()
             raise
@@ -317,13 +311,6 @@ class MetricsPipeline:
         for _, proc in reversed(self._procs):
             end(proc)
         self._procs.clear()
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """The result vector of an instant PromQL query (Prometheus' HTTP API)."""
-        url = (f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?"
-               + urllib.parse.urlencode({"query": promql}))
-        with urllib.request.urlopen(url, timeout=10) as answer:  # noqa: S310 (loopback)
-            return list(json.load(answer)["data"]["result"])
 
     # --- internals -----------------------------------------------------------------------
 
@@ -364,7 +351,7 @@ class MetricsPipeline:
         conditions = json.loads(done.stdout).get("status", {}).get("conditions", [])
         return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
-    def _wait(self, deadline: float, what: str, ready: Any) -> None:
+    def _wait(self, deadline: float, what: str, ready: Callable[[], bool]) -> None:
         while not ready():
             for name, proc in self._procs:
                 if proc.poll() is not None:
