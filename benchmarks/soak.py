@@ -1187,10 +1187,16 @@ the README's req/s at 64 clients" compares with."""
 
 
 def export_before(ref: str, into: Path) -> Path:
-    """``runtime/tailguard_runtime`` at git ``ref``, exported into ``into``; its parent dir."""
+    """``runtime/tailguard_runtime`` at git ``ref``, exported into ``into``; its parent dir.
+    A ref that has the gRPC service gets this tree's compiled descriptor set (git ignores it;
+    ``hack/proto/build.py`` makes it from the pinned ``.proto``, the same for every ref)."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "runtime/tailguard_runtime"],
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    rpc = into / "runtime" / "tailguard_runtime" / "rpc"
+    compiled = REPO / "runtime" / "tailguard_runtime" / "rpc" / "grpc_predict_v2.binpb"
+    if rpc.is_dir() and compiled.is_file():
+        shutil.copyfile(compiled, rpc / compiled.name)
     return into / "runtime"
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections import deque
@@ -308,17 +309,29 @@ class Batcher:
         self._thread.start()
 
     async def submit(self, x: np.ndarray, timeout_s: float) -> Outputs:
-        """Admit ``x`` (``(n_rows, n_features)`` float64) and wait for its outputs.
+        """Admit ``x`` (``(n_rows, n_features)`` float64) and wait for its outputs: the
+        awaiting form of :meth:`enqueue`, whose errors it raises (admission's at once, the
+        rest from the wait). Cancelling the wait withdraws the request."""
+        return await self.enqueue(x, timeout_s)
+
+    def enqueue(self, x: np.ndarray, timeout_s: float) -> asyncio.Future[Outputs]:
+        """Admit ``x`` (``(n_rows, n_features)`` float64) and return the future of its
+        outputs, for a caller that awaits it or adds a done callback (the HTTP inference
+        path's answers are written from one, without a task per request). Cancelling the
+        future withdraws the request's rows not yet taken.
 
         ``timeout_s`` is the request's deadline in seconds from now.
 
         Raises:
-            Draining: the runtime is shutting down, or the grace period ended first.
+            Draining: the runtime is shutting down.
             PayloadTooLarge, Overloaded: refused by :func:`~tailguard_runtime.admission.admit`.
-            DeadlineExceeded: the deadline passed before the answer was ready.
-            ModelFailed: the model raised on this request's own rows.
-            TailguardError: (500) the model thread crashed, on this batch or before, or handing
-                out the answers failed.
+            TailguardError: (500) the model thread has crashed.
+
+        The future's own errors: :class:`Draining` (the grace period ended first),
+        :class:`DeadlineExceeded` (the deadline passed before the answer was ready),
+        :class:`ModelFailed` (the model raised on this request's own rows), and
+        ``TailguardError`` (500: the model thread crashed on this batch, or handing out the
+        answers failed).
         """
         if self.draining:
             raise Draining("runtime is draining: not accepting new requests")
@@ -340,14 +353,17 @@ class Batcher:
             queue.push(request)
             if self._idle and self._dispatch_sooner(request):
                 self._lock.notify()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._discard(request)
-            raise
-        finally:
+        future.add_done_callback(functools.partial(self._settled, request))
+        return future
+
+    def _settled(self, request: Request, future: asyncio.Future[Outputs]) -> None:
+        """``request``'s future is done (answered, failed or cancelled): its timer and its
+        place among the requests in flight go; a cancelled one's rows not yet taken too."""
+        if request.timer is not None:
             request.timer.cancel()
-            self.in_flight.discard(request)
+        self.in_flight.discard(request)
+        if future.cancelled():
+            self._discard(request)
 
     @property
     def failure(self) -> str | None:

@@ -43,7 +43,13 @@ from tailguard_runtime.errors import (
 from tailguard_runtime.http.browsers import browser_refusal
 from tailguard_runtime.http.control import add_control_routes
 from tailguard_runtime.http.decoding import DecodeQueue
-from tailguard_runtime.http.errors import as_tailguard_error, asgi_error, error_response
+from tailguard_runtime.http.errors import (
+    Headers,
+    as_tailguard_error,
+    asgi_error,
+    error_headers,
+    error_response,
+)
 from tailguard_runtime.http.protocol import BODY_COMPLETE, CLIENT_GONE, RETIRING
 from tailguard_runtime.metrics import DECODE_QUEUE_BYTES, REFUSALS_DELAYED
 from tailguard_runtime.models import Predictor, check_input_range
@@ -56,6 +62,7 @@ from tailguard_runtime.wire import (
     decode_v1,
     decode_v2,
     decompress,
+    encode_error,
     encode_v1,
     encode_v2,
     max_valid_body_bytes,
@@ -69,6 +76,8 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Respond = Callable[[int, Headers, bytes], None]
+"""Writes one whole answer: ``respond(status, headers, body)``."""
 
 SERVER_EXTENSIONS = ("binary_tensor_data",)
 """The v2 protocol extensions the server metadata (``GET /v2``) lists: the binary tensor data
@@ -134,21 +143,15 @@ class InferenceApp:
             await self._refuse_browser(send, refused)
             return
         if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            if path.startswith("/v2/models/") and path.endswith("/infer"):
-                name, versioned, version = path[11:-6].partition("/versions/")
-                await self._infer(scope, receive, send, name, version if versioned else None,
-                                  v2=True)
-                return
-            if path.startswith("/v1/models/") and path.endswith(":predict"):
-                await self._infer(scope, receive, send, path[11:-8], None, v2=False)
+            if (route := inference_route(scope["path"])) is not None:
+                await self._infer(scope, receive, send, *route)
                 return
         elif scope["type"] == "http" and scope["path"] in HEALTH_PATHS \
                 and scope["method"] in ("GET", "HEAD"):
             await self._health(send, scope["path"] == "/v2/health/ready",
                                scope["method"] == "HEAD")
             return
-        elif scope["type"] == "http" and _inference_path(scope["path"]):
+        elif scope["type"] == "http" and inference_route(scope["path"]) is not None:
             # the route exists, for POST only (RFC 9110 §15.5.6); the body is never read
             start, answer = asgi_error(RouteError(
                 f"{scope['method']} is not allowed here: inference takes POST", 405,
@@ -219,37 +222,83 @@ class InferenceApp:
                     "headers": [*JSON_HEADERS, (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": b"" if head else body})
 
+    def direct(self, scope: Scope, body: bytes, respond: Respond) -> bool:
+        """Serve an inference request whose whole body has arrived, without an ASGI task:
+        the HTTP protocol calls this (:meth:`~tailguard_runtime.http.protocol.JsonHttpProtocol.serve_direct`)
+        with the request's ``scope``, its ``body``, and ``respond(status, headers, body)``,
+        which writes one whole answer. The steps, checks and answers are those of the ASGI
+        path (:meth:`_infer`, one set of helpers for both); the answer is written from the
+        batcher's future's done callback. This skips the task, the coroutines and the ASGI
+        messages of a request, the larger part of what uvicorn costs per request (measured in
+        ``benchmarks/README.md``, "Per-request cost").
+
+        Returns False, having answered nothing, for a request this path leaves to the ASGI
+        app: not ``POST`` to an inference route, a browser's, a compressed body, or one to
+        decode in the decode thread (over :data:`INLINE_DECODE_BYTES`)."""
+        route = inference_route(scope["path"]) if scope["method"] == "POST" else None
+        if route is None or browser_refusal(scope["headers"], self.allowed_origins) is not None:
+            return False
+        name, version, v2 = route
+        call = Call(scope, v2, self.default_timeout_s)
+        try:
+            encoding, header_length = self._begin(call, name, version)
+            if encoding is not None or len(body) > INLINE_DECODE_BYTES:
+                return False
+            call.body_in()
+            assert call.served is not None
+            future = self._admit(call, self._decode(body, None, call.served.predictor, v2,
+                                                    header_length))
+        except TailguardError as exc:
+            self._fail_direct(respond, call, exc)
+            return True
+        except Exception as exc:  # a bug of ours: answer 500, keep serving
+            logger.exception("unexpected error serving %s", scope["path"])
+            self._fail_direct(respond, call, _internal(exc))
+            return True
+        future.add_done_callback(functools.partial(self._answer_direct, call, respond))
+        return True
+
+    def _answer_direct(self, call: Call, respond: Respond, future: asyncio.Future[Any]) -> None:
+        """The batcher's answer to a request of :meth:`direct`, written."""
+        try:
+            headers, payload = self._success(call, future.result())
+        except TailguardError as exc:
+            self._fail_direct(respond, call, exc)
+            return
+        except Exception as exc:  # a bug of ours: answer 500, keep serving
+            logger.exception("unexpected error serving %s", call.scope["path"])
+            self._fail_direct(respond, call, _internal(exc))
+            return
+        respond(200, headers, payload)
+        assert call.served is not None
+        self.runtime.record_answer(call.served, call.arrival, perf_counter(), call.timeout_s)
+
+    def _fail_direct(self, respond: Respond, call: Call, exc: TailguardError) -> None:
+        """:meth:`_fail` for :meth:`direct`: a paced refusal is written from a timer."""
+        now = perf_counter()
+        delay_s, headers, body = self._refusal(call, exc, now)
+
+        def finish() -> None:
+            respond(exc.status_code, headers, body)
+            self._record_failure(call, exc, now)
+
+        if delay_s:
+            asyncio.get_running_loop().call_later(delay_s, finish)
+        else:
+            finish()
+
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,
                      version: str | None, v2: bool) -> None:
-        runtime = self.runtime
-        served: ServedModel | None = None
-        resolved: ServedModel | None = None
-        arrival = perf_counter()  # reset once the body is in: latency is the server's own
-        admitted = False
-        body: bytes | None = None
+        """Serve an inference request as ASGI: what :meth:`direct` leaves (a body still
+        arriving, compressed or large, a client that asked ``Expect: 100-continue``)."""
+        call = Call(scope, v2, self.default_timeout_s)
         try:
-            resolved = runtime.resolve(name, version)
-            if runtime.draining:
-                raise Draining("runtime is draining: not accepting new requests")
-            if not runtime.ready:
-                raise NotReady(f"model {name!r} is not ready yet")
-            served = resolved
-            timeout_s = self.default_timeout_s
-            encoding = None
-            header_length: int | None = None
-            for key, value in scope["headers"]:
-                if key == b"content-length" and int(value) > self.max_body:
-                    raise PayloadTooLarge(f"body of {int(value)} bytes exceeds the limit of "
-                                          f"{self.max_body} bytes{self.limit_reason}")
-                if key == b"x-request-timeout-ms":
-                    timeout_s = min(timeout_s, parse_timeout_header(value))
-                if key == b"inference-header-content-length":
-                    header_length = parse_header_length(value, v2)
-                if key == b"content-encoding":
-                    encoding = value
-            body = await self._read_body(receive, arrival + timeout_s, BODY_COMPLETE in scope)
-            arrival = perf_counter()
-            predictor = served.predictor
+            encoding, header_length = self._begin(call, name, version)
+            body = await self._read_body(receive, call.arrival + call.timeout_s,
+                                         BODY_COMPLETE in scope)
+            call.body_in()
+            assert call.served is not None
+            predictor = call.served.predictor
             if encoding is None and len(body) <= INLINE_DECODE_BYTES:
                 decoded = self._decode(body, encoding, predictor, v2, header_length)
             else:
@@ -258,40 +307,92 @@ class InferenceApp:
                 decoded = await self._decodes.run(
                     functools.partial(self._decode, body, encoding, predictor, v2,
                                       header_length), len(body),
-                    arrival + timeout_s, scope.get(CLIENT_GONE, _never))
-            if isinstance(decoded, V2Request) and decoded.timeout_us is not None:
-                timeout_s = min(timeout_s, decoded.timeout_us / 1e6)
-            admitted = True
-            outputs = await served.batcher.submit(decoded.x, timeout_s)
-            binary_length = None
-            if isinstance(decoded, V2Request):
-                payload, binary_length = encode_v2(
-                    runtime.name, served.version, decoded.id, predictor.outputs, outputs,
-                    decoded.outputs, served.parameters, decoded.binary)
-            else:
-                payload = encode_v1(outputs[-1 if decoded.probabilities else 0])
+                    call.arrival + call.timeout_s, scope.get(CLIENT_GONE, _never))
+            headers, payload = self._success(call, await self._admit(call, decoded))
         except TailguardError as exc:
-            await self._fail(send, resolved, served, exc, arrival, perf_counter(), admitted,
-                             close=(body is None and _has_body(scope)) or RETIRING in scope,
-                             timeout_s=timeout_s if served is not None else None,
-                             client=scope.get("client"))
+            await self._fail(send, call, exc)
             return
         except Exception as exc:  # a bug of ours: answer 500, keep serving
             logger.exception("unexpected error serving %s", scope["path"])
-            await self._fail(send, resolved, served,
-                             TailguardError(f"internal error: {type(exc).__name__}"),
-                             arrival, perf_counter(), admitted)
+            await self._fail(send, call, _internal(exc))
             return
-        keep = runtime.keep_alive and RETIRING not in scope
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+        assert call.served is not None
+        self.runtime.record_answer(call.served, call.arrival, perf_counter(), call.timeout_s)
+
+    def _begin(self, call: Call, name: str, version: str | None
+               ) -> tuple[bytes | None, int | None]:
+        """The checks before the body: the role ``name`` (and ``version``) resolves to, not
+        draining, ready, a stated ``Content-Length`` within the limit; the request's deadline
+        (``X-Request-Timeout-Ms``) into ``call.timeout_s``. Returns the body's
+        ``Content-Encoding`` and the ``Inference-Header-Content-Length`` (``None`` each when
+        absent).
+
+        Raises:
+            RouteError: (404) an unknown model or version.
+            Draining, NotReady: (503) the runtime drains, or its models are not loaded yet.
+            PayloadTooLarge: (413) the stated length is over the limit.
+            InvalidInput: (400) a malformed deadline or header length.
+        """
+        runtime = self.runtime
+        call.resolved = runtime.resolve(name, version)
+        if runtime.draining:
+            raise Draining("runtime is draining: not accepting new requests")
+        if not runtime.ready:
+            raise NotReady(f"model {name!r} is not ready yet")
+        call.served = call.resolved
+        timeout_s = call.timeout_s
+        encoding = None
+        header_length: int | None = None
+        for key, value in call.scope["headers"]:
+            if key == b"content-length" and int(value) > self.max_body:
+                raise PayloadTooLarge(f"body of {int(value)} bytes exceeds the limit of "
+                                      f"{self.max_body} bytes{self.limit_reason}")
+            if key == b"x-request-timeout-ms":
+                timeout_s = min(timeout_s, parse_timeout_header(value))
+            if key == b"inference-header-content-length":
+                header_length = parse_header_length(value, call.v2)
+            if key == b"content-encoding":
+                encoding = value
+        call.timeout_s = timeout_s
+        return encoding, header_length
+
+    def _admit(self, call: Call, decoded: V2Request | V1Request) -> asyncio.Future[Any]:
+        """Queue ``decoded``'s rows with the role's batcher, by the request's deadline (a v2
+        body's ``parameters.timeout`` shortens it); the future of its outputs.
+
+        Raises:
+            Draining, Overloaded, PayloadTooLarge, TailguardError: as
+                :meth:`~tailguard_runtime.batcher.Batcher.enqueue`.
+        """
+        call.decoded = decoded
+        if isinstance(decoded, V2Request) and decoded.timeout_us is not None:
+            call.timeout_s = min(call.timeout_s, decoded.timeout_us / 1e6)
+        call.admitted = True
+        assert call.served is not None
+        return call.served.batcher.enqueue(decoded.x, call.timeout_s)
+
+    def _success(self, call: Call, outputs: Any) -> tuple[Headers, bytes]:
+        """The headers and body of the 200 answering ``call`` with the model's ``outputs``
+        (v2 JSON, v2 with binary tensor data, or v1), ``Connection: close`` when the runtime
+        is leaving or the connection has reached its age."""
+        served, decoded = call.served, call.decoded
+        assert served is not None and decoded is not None
+        binary_length = None
+        if isinstance(decoded, V2Request):
+            payload, binary_length = encode_v2(
+                self.runtime.name, served.version, decoded.id, served.predictor.outputs,
+                outputs, decoded.outputs, served.parameters, decoded.binary)
+        else:
+            payload = encode_v1(outputs[-1 if decoded.probabilities else 0])
+        keep = self.runtime.keep_alive and RETIRING not in call.scope
         headers = self.headers[served.role][0 if keep else 1]
         if binary_length is not None:  # the same headers, as the binary extension has them
             headers = [(b"content-type", b"application/octet-stream"),
                        (b"inference-header-content-length", b"%d" % binary_length),
                        *headers[1:]]
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
-        await send({"type": "http.response.body", "body": payload})
-        runtime.record_answer(served, arrival, perf_counter(), timeout_s)
+        return [*headers, (b"content-length", b"%d" % len(payload))], payload
 
     def _decode(self, body: bytes, encoding: bytes | None, predictor: Predictor,
                 v2: bool, header_length: int | None = None) -> V2Request | V1Request:
@@ -389,30 +490,77 @@ class InferenceApp:
             self.pacers.move_to_end(client)
         return pacer
 
-    async def _fail(self, send: Send, resolved: ServedModel | None, served: ServedModel | None,
-                    exc: TailguardError, arrival: float, now: float, admitted: bool,
-                    close: bool = False, timeout_s: float | None = None,
-                    client: Any = None) -> None:
-        """Answer ``exc``; ``resolved`` is the role the request reached (its identity headers
-        go on the reply), ``served`` the same once the request passed readiness (its metrics
-        count the reply). ``close``: end the connection after the reply; for a body refused
-        unread, since keeping the connection means receiving and discarding all of it (16 MiB
-        bodies sent back to back took most of a core). A 4xx past the refusal budget of its
-        connection ``client`` is answered late
-        (:class:`~tailguard_runtime.admission.RefusalPacer`); its metrics and
-        stats count from ``now``, as if it had been answered at once
-        (:meth:`~tailguard_runtime.service.Runtime.record_failure`)."""
-        runtime = self.runtime
+    def _refusal(self, call: Call, exc: TailguardError, now: float
+                 ) -> tuple[float, Headers, bytes]:
+        """How to answer ``call`` with ``exc``: the delay first (seconds; 0 for none), the
+        headers and the body. The identity headers of the role the request reached go on the
+        reply. The connection ends after it when the body was refused unread (keeping the
+        connection means receiving and discarding all of it: 16 MiB bodies sent back to back
+        took most of a core), when the connection has reached its age, or when the runtime is
+        leaving. A 4xx past the refusal budget of its connection (``scope["client"]``) is
+        answered late (:class:`~tailguard_runtime.admission.RefusalPacer`), counted in
+        ``tailguard_refusals_delayed_total``."""
+        scope = call.scope
+        delay_s = 0.0
         if 400 <= exc.status_code < 500 and not isinstance(exc, UNPACED):
-            delay_s = self._pacer(client).delay(now)
+            delay_s = self._pacer(scope.get("client")).delay(now)
             if delay_s:
                 self._count_delayed()
-                await asyncio.sleep(delay_s)
-        start, body = asgi_error(exc, () if resolved is None else resolved.headers,
-                                 close=close or not runtime.keep_alive)
-        await send(start)
-        await send(body)
-        runtime.record_failure(served, exc, arrival, now, admitted, timeout_s)
+        close = ((not call.body_read and _has_body(scope)) or RETIRING in scope
+                 or not self.runtime.keep_alive)
+        body = encode_error(exc.message)
+        extra = () if call.resolved is None else call.resolved.headers
+        return delay_s, error_headers(exc, body, extra, close=close), body
+
+    def _record_failure(self, call: Call, exc: TailguardError, now: float) -> None:
+        """Count ``call``'s refusal or failure as of ``now`` (a paced refusal counts from
+        when it was decided, as if answered at once:
+        :meth:`~tailguard_runtime.service.Runtime.record_failure`)."""
+        self.runtime.record_failure(call.served, exc, call.arrival, now, call.admitted,
+                                    call.timeout_s if call.served is not None else None)
+
+    async def _fail(self, send: Send, call: Call, exc: TailguardError) -> None:
+        """Answer ``call`` with ``exc`` (:meth:`_refusal`) and count it."""
+        now = perf_counter()
+        delay_s, headers, body = self._refusal(call, exc, now)
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        await send({"type": "http.response.start", "status": exc.status_code,
+                    "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        self._record_failure(call, exc, now)
+
+
+class Call:
+    """One inference request while it is served: its ``scope``, whether it is v2, the role
+    it resolved to (``resolved``) and, past readiness, the one serving it (``served``), its
+    ``arrival`` (``perf_counter`` s; reset once the body is in, so latency is the server's
+    own), its deadline ``timeout_s`` (s), whether its body was read and it was admitted, and
+    its decoded rows."""
+
+    __slots__ = ("scope", "v2", "resolved", "served", "arrival", "timeout_s", "body_read",
+                 "admitted", "decoded")
+
+    def __init__(self, scope: Scope, v2: bool, timeout_s: float) -> None:
+        self.scope = scope
+        self.v2 = v2
+        self.resolved: ServedModel | None = None
+        self.served: ServedModel | None = None
+        self.arrival = perf_counter()
+        self.timeout_s = timeout_s
+        self.body_read = False
+        self.admitted = False
+        self.decoded: V2Request | V1Request | None = None
+
+    def body_in(self) -> None:
+        """The whole body has been read: latency counts from now."""
+        self.body_read = True
+        self.arrival = perf_counter()
+
+
+def _internal(exc: Exception) -> TailguardError:
+    """The 500 answering a bug of ours (only the exception's type is told)."""
+    return TailguardError(f"internal error: {type(exc).__name__}")
 
 
 def _never() -> bool:
@@ -428,10 +576,16 @@ def _has_body(scope: Scope) -> bool:
     return False
 
 
-def _inference_path(path: str) -> bool:
-    """Whether ``path`` is an inference route (v2 ``.../infer``, v1 ``...:predict``)."""
-    return ((path.startswith("/v2/models/") and path.endswith("/infer"))
-            or (path.startswith("/v1/models/") and path.endswith(":predict")))
+def inference_route(path: str) -> tuple[str, str | None, bool] | None:
+    """``(model name, version or None, v2)`` when ``path`` is an inference route (v2
+    ``/v2/models/{name}[/versions/{version}]/infer``, v1 ``/v1/models/{name}:predict``);
+    ``None`` otherwise."""
+    if path.startswith("/v2/models/") and path.endswith("/infer"):
+        name, versioned, version = path[11:-6].partition("/versions/")
+        return name, version if versioned else None, True
+    if path.startswith("/v1/models/") and path.endswith(":predict"):
+        return path[11:-8], None, False
+    return None
 
 
 def build_app(runtime: Runtime) -> InferenceApp:

@@ -44,13 +44,18 @@ Everything else (keep-alive, pipelining, flow control, the ASGI cycle) is uvicor
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Callable, cast
 
 import httptools
 from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.protocols.utils import is_ssl
 
 from tailguard_runtime.errors import MalformedHttp, TailguardError
@@ -338,8 +343,58 @@ class JsonHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Callable[..., Any]) -> None:
+        """Start serving ``cycle``: a ``POST`` to an app that serves requests directly (one
+        with a ``direct`` method, :meth:`~tailguard_runtime.http.app.InferenceApp.direct`)
+        is handed to it at the loop's next turn, once the parser has had the rest of what
+        was read (:meth:`serve_direct`); anything else gets uvicorn's ASGI task."""
         self.running = cycle
+        if cycle.scope["method"] == "POST" and getattr(app, "direct", None) is not None:
+            self.loop.call_soon(self.serve_direct, cycle, app)
+            return
         super()._start_asgi_task(cycle, app)
+
+    def serve_direct(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Give ``cycle`` to ``app.direct(scope, body, respond)`` when its whole body has
+        arrived, the client waits for no ``100 Continue`` and is still connected; uvicorn's
+        ASGI task serves it when it has not, or when the app declines it. Reading resumes,
+        as at the ASGI app's first ``receive()``: a client that closes while its request is
+        computed is then seen to leave (its answer is dropped and counted as unanswered)."""
+        if cycle.more_body or cycle.disconnected or cycle.waiting_for_100_continue:
+            super()._start_asgi_task(cycle, app)
+            return
+        self.flow.resume_reading()
+        if not app.direct(cycle.scope, bytes(cycle.body),
+                          functools.partial(self.respond, cycle)):
+            super()._start_asgi_task(cycle, app)
+
+    def respond(self, cycle: RequestResponseCycle, status: int,
+                headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Write the whole answer to ``cycle`` (a request :meth:`serve_direct` handed to the
+        app) in one write, as uvicorn's ``RequestResponseCycle.send`` would write its two ASGI
+        messages: the status line, the server's default headers (``date``), ``headers``
+        (which carry ``content-length``), ``connection: close`` when the connection is not
+        kept (the client's HTTP/1.0 or ``Connection: close``, the server's shutdown, or
+        ``headers`` saying so), then ``body``. The connection then closes or goes on to its
+        next request. Nothing is written to a connection that has closed."""
+        if cycle.disconnected or cycle.response_complete or self.transport.is_closing():
+            return
+        says_close = False
+        parts = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            if name == b"connection":
+                says_close = True  # the app's only value for it is "close"
+            parts += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive and not says_close:
+            parts.append(b"connection: close\r\n")
+        keep_alive = cycle.keep_alive = cycle.keep_alive and not says_close
+        parts += (b"\r\n", body)
+        self.transport.write(b"".join(parts))
+        cycle.response_started = cycle.response_complete = True
+        if not keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def on_response_complete(self) -> None:
         """uvicorn's, unless a refusal waits (:attr:`last_word`): then the next pipelined
