@@ -181,6 +181,9 @@ def runtime(config: dict[str, Any], workdir: Path, pythonpath: str | None = None
         env["TAILGUARD_STATE_DIR"] = str(workdir)
     argv = ["taskset", "-c", str(SERVER_CPU), PYTHON, *serve, "--host", "127.0.0.1", "--port",
             str(port), "--log-level", os.environ.get("SOAK_LOG_LEVEL", "WARNING")]
+    tree = Path(pythonpath) if pythonpath else REPO / "runtime"
+    if (tree / "tailguard_runtime" / "rpc").is_dir():  # a runtime with gRPC: a free port each
+        argv += ["--grpc-port", "0"]
     logfile = open(workdir / f"server-{port}.log", "wb")
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile,
                             env=env, preexec_fn=_limit_fds if fd_limit else None)

@@ -1,9 +1,12 @@
-"""HTTP routes: a bare ASGI inference path, and FastAPI for everything else.
+"""HTTP routes: a lean inference path, and FastAPI for everything else.
 
 The two inference routes (v2 ``POST /v2/models/{name}[/versions/{v}]/infer`` and v1
 ``POST /v1/models/{name}:predict``) and the two health probes (``/v2/health/live`` and
-``/v2/health/ready``) are served by :class:`InferenceApp` directly as ASGI, with orjson and no
-request model: at thousands of requests per second every 0.1 ms counts. Every
+``/v2/health/ready``) are served by :class:`InferenceApp` itself, with orjson and no request
+model: at thousands of requests per second every 0.1 ms counts. An inference request whose
+whole body is in when it starts (nearly all of them) is served without ASGI at all
+(:meth:`InferenceApp.direct`, called by the HTTP protocol); the rest (a body still arriving,
+compressed or large) as ASGI (:meth:`InferenceApp._infer`), through the same steps. Every
 reply of theirs once the active role is resolved, errors included, says which model answered:
 ``X-Tailguard-Role``, ``X-Tailguard-Model`` (URI) and ``X-Tailguard-Model-Version`` headers, and
 in a v2 body ``model_version`` and ``parameters: {"role", "model_uri"}``. All other

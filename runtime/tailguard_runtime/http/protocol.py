@@ -37,6 +37,14 @@
   two ``send(2)`` calls, and two TCP segments for the client to read, per answer. Here the head
   waits for the first part of the body (:class:`OneWriteResponse`), and both go out together.
 
+* **Inference requests skip the ASGI cycle when they can.** A ``POST`` whose whole body is in
+  when its turn comes is handed to the app's ``direct`` method
+  (:meth:`~tailguard_runtime.http.app.InferenceApp.direct`) with a function that writes its
+  whole answer (:meth:`JsonHttpProtocol.respond`): no task, coroutines or ASGI messages per
+  request, about a fifth of the event loop's time per request (``benchmarks/README.md``,
+  "Per-request cost"). The answer's bytes, and what happens to the connection, are those
+  uvicorn's cycle would have written (``tests/process/http/test_two_paths.py``).
+
 Everything else (keep-alive, pipelining, flow control, the ASGI cycle) is uvicorn's own
 ``HttpToolsProtocol`` (uvicorn 0.54, ``uvicorn/protocols/http/httptools_impl.py``).
 """
