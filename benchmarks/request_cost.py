@@ -22,7 +22,9 @@ server's race; the table shows the run that held, else the last. A run the gener
 to (p99 schedule lag over 1 ms, or over 90% of its core) is marked invalid: it neither holds
 nor fails, and no server goes higher afterwards, since the generator is then the limit.
 
-Prints a Markdown table of every run, then each server's rate at SLO and tailguard's as a
+First, ``--lone`` requests go to tailguard one at a time, beside the raw model call's time
+(:func:`lone_requests`: the issue's bound, a lone request at most 1 ms over the raw call at
+p50). Then it prints a Markdown table of every run, then each server's rate at SLO and tailguard's as a
 share of the do-nothing server's (issue 33's measure: at least 40%), and writes the whole as
 JSON to ``benchmarks/results/request-cost-*.json``. Everything listens on and targets
 127.0.0.1; every run is bounded in time and requests; every server started here is stopped by
@@ -174,6 +176,52 @@ def markdown(runs: list[dict[str, Any]], names: list[str], slo_ms: float) -> str
     return "\n".join(lines)
 
 
+def lone_requests(server: run.Server, model: Path, rows: list[list[float]], count: int
+                  ) -> dict[str, float]:
+    """Issue 33's third bound: ``count`` requests to ``server``, one at a time on one
+    kept-alive connection (each alone in the server, so each is its own batch), against the
+    raw model call (the runtime's own :func:`~tailguard_runtime.models.load_model` predictor,
+    one row, in this process). Returns the p50 of each in ms and their difference: the cost of
+    the HTTP round trip and of the runtime's path for a request that has no batch-mates, which
+    must not include a batching wait."""
+    import http.client
+    import statistics
+    import time
+
+    import numpy as np
+
+    from tailguard_runtime.models import load_model
+
+    predictor = load_model(model.as_uri())
+    raw: list[float] = []
+    for i in range(count):
+        x = np.asarray([rows[i % len(rows)]])
+        start = time.perf_counter()
+        predictor.run(x)
+        raw.append(time.perf_counter() - start)
+    target = server.target
+    bodies = [encode_body(row, target.fmt) for row in rows]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    served: list[float] = []
+    try:
+        for i in range(count):
+            start = time.perf_counter()
+            conn.request("POST", target.path, bodies[i % len(bodies)],
+                         {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            answer.read()
+            served.append(time.perf_counter() - start)
+            if answer.status != 200:
+                raise RuntimeError(f"a lone request got {answer.status}")
+    finally:
+        conn.close()
+    raw_p50 = statistics.median(raw) * 1000
+    served_p50 = statistics.median(served) * 1000
+    return {"requests": count, "raw_model_p50_ms": round(raw_p50, 3),
+            "lone_request_p50_ms": round(served_p50, 3),
+            "over_raw_ms": round(served_p50 - raw_p50, 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default=DEFAULT_RATES, help="offered req/s, ascending")
@@ -185,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs more at a rate a server failed before it leaves the race")
     parser.add_argument("--server-cpu", type=int, default=1)
     parser.add_argument("--client-cpu", type=int, default=0)
+    parser.add_argument("--lone", type=int, default=2000,
+                        help="requests sent one at a time to tailguard first (0: none)")
     parser.add_argument("--wait-quiet", type=float, default=10.0,
                         help="before each run, wait up to this many s for other processes to go quiet")
     args = parser.parse_args(argv)
@@ -203,6 +253,13 @@ def main(argv: list[str] | None = None) -> int:
                 servers.append(server)
                 server.wait_ready(encode_body(rows[0], target.fmt))
                 run.log(f"{target.name} ready on port {server.port}")
+            lone: dict[str, float] | None = None
+            for server in servers:
+                if args.lone and server.target.name == "tailguard":
+                    lone = lone_requests(server, model, rows, args.lone)
+                    run.log(f"lone requests: p50 {lone['lone_request_p50_ms']} ms, the raw "
+                            f"model call's {lone['raw_model_p50_ms']} ms: "
+                            f"{lone['over_raw_ms']} ms over it (issue 33: at most 1 ms)")
             runs = race(servers, rows, rates, args)
         finally:
             for server in servers:
@@ -214,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = run.RESULTS / f"request-cost-{stamp}.json"
     out.write_text(json.dumps({"machine": run.machine_info(), "args": vars(args), "runs": runs,
+                               "lone": lone,
                                "rate_at_slo": {n: rate_at_slo(runs, n)[0] for n in names}},
                               indent=2))
     run.log(f"wrote {out}")
