@@ -3,7 +3,8 @@
 #               (make up PORT=9090 EXAMPLE=examples/iris.yaml to change either)
 #   make test   create .venv, install tailguard with its test tools (and helm; KServe's client
 #               in .venv-kserve), build the project's images (hack/image/build.py: root and
-#               debootstrap needed, ~2 min the first time), the Kubernetes control plane and node the tests run on,
+#               debootstrap needed, ~2 min the first time), the Kubernetes control plane and node the tests run on
+#               (kubelet, kube-proxy, containerd 2),
 #               and the metrics pipeline the HPA reads (metrics-server, Prometheus, prometheus-adapter) (Go
 #               needed; cached outside the clone, ~12 + ~10 min the first time), run the suite
 #   make test-kube KUBE_VERSION=v1.34.4   the cluster tests against another pinned release
@@ -61,8 +62,9 @@ up: install
 
 KUBE_VERSION ?= v1.37.2
 
-# hack/kube/build.py (the control plane and the node) and hack/metrics/build.py (metrics-server,
-# Prometheus, prometheus-adapter) print progress on stderr and their folder on stdout; without Go
+# hack/kube/build.py (the control plane and the node), hack/metrics/build.py (metrics-server,
+# Prometheus, prometheus-adapter) and hack/containerd/build.py (the node's containerd, its runc
+# shim and ctr) print progress on stderr and their folder on stdout; without Go
 # it stops with one line saying so. Three pytest-xdist workers (most tests wait on timers, the
 # cluster and other processes more than they compute): the tests on the real node in one, those
 # that need only a control plane in another (each starts one), the other modules shared between
@@ -71,14 +73,18 @@ test: install-test
 	@python3 hack/image/build.py >/dev/null && \
 	bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	metrics=$$(python3 hack/metrics/build.py) && \
+	containerd=$$(python3 hack/containerd/build.py) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" TAILGUARD_METRICS_BIN="$$metrics" \
+	TAILGUARD_CONTAINERD_BIN="$$containerd" \
 	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -n 3 --dist loadgroup
 
 test-kube: install-test
 	@python3 hack/image/build.py >/dev/null && \
 	bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
 	metrics=$$(python3 hack/metrics/build.py) && \
+	containerd=$$(python3 hack/containerd/build.py) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" TAILGUARD_METRICS_BIN="$$metrics" \
+	TAILGUARD_CONTAINERD_BIN="$$containerd" \
 	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -m cluster
 
 # The copies are real files (no symlinks); tests/test_crd_copies.py fails while they differ.

@@ -34,27 +34,15 @@ else ``$XDG_CACHE_HOME/tailguard/kube``, else ``~/.cache/tailguard/kube``. Stdli
 from __future__ import annotations
 
 import argparse
-import hashlib
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kube"))
-from build import BuildError, cache_root, cached, find_go  # noqa: E402
-from gomod import go_env  # noqa: E402
+import gotools  # noqa: E402
+from gotools import Program  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-
-
-class Program(NamedTuple):
-    """One binary: its Go package (the ``tool`` of its module folder) and its build tags."""
-
-    package: str
-    tags: str = ""
-
+PREFIX = "metrics"
 
 PROGRAMS: dict[str, Program] = {
     # v0.8.0: the release the issue names (v0.9.x is served but not an approved release).
@@ -69,19 +57,9 @@ PROGRAMS: dict[str, Program] = {
 go.mod files."""
 
 
-def pin_digest() -> str:
-    """A digest of every file and tag that decides what gets built (12 hex digits)."""
-    digest = hashlib.sha256()
-    for name, program in sorted(PROGRAMS.items()):
-        digest.update(f"{name} {program.package} {program.tags}\0".encode())
-        for file in ("go.mod", "go.sum"):
-            digest.update((HERE / name / file).read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
 def target_dir() -> Path:
     """Where the binaries of the current pins live."""
-    return cache_root() / f"metrics-{pin_digest()}"
+    return gotools.target_dir(PREFIX, HERE, PROGRAMS)
 
 
 def build(*, log: bool = True) -> Path:
@@ -92,40 +70,14 @@ def build(*, log: bool = True) -> Path:
     Raises:
         BuildError: no usable Go, or a failed build.
     """
-    target = target_dir()
-    return cached(target, PROGRAMS, lambda staging: _build_into(staging, target, log))
-
-
-def _build_into(staging: Path, target: Path, log: bool) -> None:
-    go = find_go()
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for name, program in PROGRAMS.items():
-        started = time.monotonic()
-        if log:
-            print(f"building {name} into {target} ...", file=sys.stderr, flush=True)
-        args = [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / name)]
-        if program.tags:
-            args += ["-tags", program.tags]
-        done = subprocess.run([*args, program.package], cwd=HERE / name, env=go_env())
-        if done.returncode != 0:
-            raise BuildError(f"go build {program.package} failed in {HERE / name} "
-                             f"(exit {done.returncode}); see above")
-        if log:
-            print(f"  built {name} in {time.monotonic() - started:.0f} s", file=sys.stderr,
-                  flush=True)
+    return gotools.build(PREFIX, HERE, PROGRAMS, log=log)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build (or find cached) metrics-server, "
                                                  "Prometheus and prometheus-adapter.")
     parser.parse_args(argv)
-    try:
-        print(build())
-    except BuildError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return gotools.main(build)
 
 
 if __name__ == "__main__":

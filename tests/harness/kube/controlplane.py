@@ -41,7 +41,7 @@ from harness import REPO
 
 from . import pki
 from .holder import NODE_IP, Holder
-from .node import POD_CIDR, Node, NodeError
+from .node import POD_CIDR, Node, NodeError, containerd_bindir
 from .node import START_TIMEOUT_S as NODE_START_TIMEOUT_S
 from .procs import end
 
@@ -173,8 +173,8 @@ class ControlPlane:
         if self._node_start is not None or self.images is None:
             return
         assert self.holder is not None and self._authority is not None
-        self.node = Node(self.holder, self.bindir, self.workdir / "node", self._authority,
-                         INNER_URL, self.pause_image, self.images)
+        self.node = Node(self.holder, self.bindir, containerd_bindir(), self.workdir / "node",
+                         self._authority, INNER_URL, self.pause_image, self.images)
         self._node_start = threading.Thread(target=self._start_node, daemon=True,
                                             name="real-node-start")
         self._node_start.start()

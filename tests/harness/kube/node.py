@@ -4,10 +4,12 @@
 :class:`Node` runs each as a child process inside a :class:`~.holder.Holder`, as a cluster
 built by hand runs them:
 
-- **containerd** (Debian's 1.6, CRI plugin) keeps its root, state and socket under the node's
-  folder; pods run with ``runc``; ``restrict_oom_score_adj`` is on because this VM lacks
-  ``CAP_SYS_RESOURCE`` (without it every sandbox fails); the sandbox image is the project's
-  own ``pause`` (there is no registry: images are OCI archives imported with ``ctr``).
+- **containerd** (2.x, built from a pinned module by ``hack/containerd/build.py``, with its
+  runc shim and ``ctr``; CRI plugin) keeps its root, state and socket under the node's folder
+  and reads no host configuration; pods run with Debian's ``runc``;
+  ``restrict_oom_score_adj`` is on because this VM lacks ``CAP_SYS_RESOURCE`` (without it
+  every sandbox fails); the sandbox image is the project's own ``pause`` (there is no
+  registry: images are OCI archives imported with ``ctr``).
 - **CNI**: pods get :data:`POD_CIDR` on a bridge, the node's side being the gateway, with
   hairpin on so a pod reaches itself through its Service.
 - **kubelet** authenticates as ``system:node:NAME`` (group ``system:nodes``, so the Node
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -37,6 +40,8 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+
+from harness import REPO
 
 from . import pki
 from .holder import NODE_IP, Holder
@@ -59,13 +64,35 @@ class NodeError(RuntimeError):
     """A node component failed to start or to become ready (the message names it and its log)."""
 
 
+def containerd_bindir() -> Path:
+    """The folder of ``containerd``, its runc shim and ``ctr``: ``$TAILGUARD_CONTAINERD_BIN``
+    when set (``make test`` sets it after building), else whatever
+    ``hack/containerd/build.py`` builds or finds cached.
+
+    Raises:
+        NodeError: the build failed or Go is missing (its last line says which).
+    """
+    explicit = os.environ.get("TAILGUARD_CONTAINERD_BIN")
+    if explicit:
+        return Path(explicit)
+    script = REPO / "hack" / "containerd" / "build.py"
+    done = subprocess.run([shutil.which("python3") or "python3", str(script)],
+                          stdout=subprocess.PIPE, text=True)  # progress goes to our stderr
+    if done.returncode != 0:
+        raise NodeError(f"{script} failed (exit {done.returncode}); see its last line above")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 @dataclass
 class Node:
-    """One real node run from ``bindir`` (``kubelet``, ``kube-proxy``) in ``workdir``, inside
-    ``holder``, joining the API server at ``server`` (a URL valid inside the namespace)."""
+    """One real node run from ``bindir`` (``kubelet``, ``kube-proxy``) and
+    ``containerd_bindir`` (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) in
+    ``workdir``, inside ``holder``, joining the API server at ``server`` (a URL valid inside
+    the namespace)."""
 
     holder: Holder
     bindir: Path
+    containerd_bindir: Path
     workdir: Path
     authority: pki.Authority
     server: str
@@ -111,7 +138,8 @@ class Node:
         Raises:
             subprocess.CalledProcessError: ``check`` and a non-zero exit.
         """
-        return self.holder.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+        return self.holder.run([str(self.containerd_bindir / "ctr"), "--address",
+                                str(self.socket), "-n", "k8s.io", *args],
                                check=check, timeout=timeout)
 
     def stop(self) -> None:
@@ -146,30 +174,36 @@ class Node:
                                   "routes": [{"dst": "0.0.0.0/0"}],
                                   "dataDir": str(self.workdir / "ipam")}}],
         }))
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        images, runtime = "plugins.'io.containerd.cri.v1.images'", \
+            "plugins.'io.containerd.cri.v1.runtime'"
         config = self.workdir / "containerd.toml"
         config.write_text("\n".join([
-            "version = 2",
-            f'root = "{self.workdir / "containerd-root"}"',
-            f'state = "{self.workdir / "containerd-state"}"',
+            "version = 4",  # containerd 2.4's own (``containerd config default``)
+            f"root = '{self.workdir / 'containerd-root'}'",
+            f"state = '{self.workdir / 'containerd-state'}'",
+            "imports = []",  # its default reads /etc/containerd/conf.d/*.toml of the host
             # Plugins that would reach for host folders or devices nothing here uses.
-            'disabled_plugins = ["io.containerd.internal.v1.opt", '
-            '"io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", '
-            '"io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]',
-            "[grpc]", f'  address = "{self.socket}"',
-            "[ttrpc]", f'  address = "{self.socket}.ttrpc"',
-            "[debug]", f'  address = "{self.socket}.debug"',
-            "[metrics]", '  address = ""',
-            f"[{cri}]", f'  sandbox_image = "{self.pause_image}"',
-            "  restrict_oom_score_adj = true", "  disable_apparmor = true",
-            f"[{cri}.containerd]", '  snapshotter = "overlayfs"',
-            '  default_runtime_name = "runc"',
-            f"[{cri}.containerd.runtimes.runc]", '  runtime_type = "io.containerd.runc.v2"',
-            f"[{cri}.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
-            f"[{cri}.cni]", f'  bin_dir = "{CNI_BIN}"', f'  conf_dir = "{cni_conf}"',
+            "disabled_plugins = ['io.containerd.internal.v1.opt', "
+            "'io.containerd.snapshotter.v1.aufs', 'io.containerd.snapshotter.v1.btrfs', "
+            "'io.containerd.snapshotter.v1.zfs', 'io.containerd.snapshotter.v1.devmapper']",
+            # version 4 configures its servers as plugins
+            "[plugins.'io.containerd.server.v1.grpc']", f"  address = '{self.socket}'",
+            "[plugins.'io.containerd.server.v1.ttrpc']", f"  address = '{self.socket}.ttrpc'",
+            "[plugins.'io.containerd.server.v1.debug']", f"  address = '{self.socket}.debug'",
+            "[plugins.'io.containerd.server.v1.metrics']", "  address = ''",
+            f"[{images}]", "  snapshotter = 'overlayfs'",
+            f"[{images}.pinned_images]", f"  sandbox = '{self.pause_image}'",
+            f"[{runtime}]", "  restrict_oom_score_adj = true", "  disable_apparmor = true",
+            f"[{runtime}.containerd]", "  default_runtime_name = 'runc'",
+            f"[{runtime}.containerd.runtimes.runc]", "  runtime_type = 'io.containerd.runc.v2'",
+            f"[{runtime}.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
+            f"[{runtime}.cni]", f"  bin_dirs = ['{CNI_BIN}']", f"  conf_dir = '{cni_conf}'",
             "",
         ]))
-        self._spawn("containerd", ["containerd", "--config", str(config)])
+        # containerd finds its shim on its PATH
+        path = f"{self.containerd_bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+        self._spawn("containerd", [str(self.containerd_bindir / "containerd"), "--config",
+                                   str(config)], env={**os.environ, "PATH": path})
         self._wait(deadline, "containerd", lambda: self.ctr("version", check=False,
                                                             timeout=10).returncode == 0)
 
@@ -303,8 +337,10 @@ class Node:
 
     # --- processes -----------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        proc = self.holder.spawn(argv, log=self.logs / f"{name}.log", cwd=self.workdir)
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
+        proc = self.holder.spawn(argv, log=self.logs / f"{name}.log", cwd=self.workdir,
+                                 env=env)
         self._procs.append((name, proc))
         return proc
 
