@@ -232,8 +232,8 @@ class InferenceApp:
         which writes one whole answer. The steps, checks and answers are those of the ASGI
         path (:meth:`_infer`, one set of helpers for both); the answer is written from the
         batcher's future's done callback. This skips the task, the coroutines and the ASGI
-        messages of a request, the larger part of what uvicorn costs per request (measured in
-        ``benchmarks/README.md``, "Per-request cost").
+        messages of a request: about a fifth of the event loop's time per request (measured
+        in ``benchmarks/README.md``, "Served straight from the protocol").
 
         Returns False, having answered nothing, for a request this path leaves to the ASGI
         app: not ``POST`` to an inference route, a browser's, a compressed body, or one to

@@ -42,7 +42,7 @@
   (:meth:`~tailguard_runtime.http.app.InferenceApp.direct`) with a function that writes its
   whole answer (:meth:`JsonHttpProtocol.respond`): no task, coroutines or ASGI messages per
   request, about a fifth of the event loop's time per request (``benchmarks/README.md``,
-  "Per-request cost"). The answer's bytes, and what happens to the connection, are those
+  "Served straight from the protocol"). The answer's bytes, and what happens to the connection, are those
   uvicorn's cycle would have written (``tests/process/http/test_two_paths.py``).
 
 Everything else (keep-alive, pipelining, flow control, the ASGI cycle) is uvicorn's own
