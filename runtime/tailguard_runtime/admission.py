@@ -19,7 +19,8 @@ last ~5 batches dominate, so the estimate follows load changes within a few batc
 
 @dataclass
 class DrainEstimate:
-    """A running estimate of how long one batch takes, in seconds.
+    """A running estimate of how long one batch takes, in seconds: how long it holds the
+    queue up, from being taken to its answers handed out (the batcher records that).
 
     ``batch_seconds`` is ``None`` until the first batch completes; until then nothing is refused
     for its deadline (there is no evidence it cannot be met).
@@ -28,7 +29,7 @@ class DrainEstimate:
     batch_seconds: float | None = None
 
     def record(self, seconds: float) -> None:
-        """Fold in the duration of a finished model call, in seconds."""
+        """Fold in the duration of a finished batch, in seconds."""
         if self.batch_seconds is None:
             self.batch_seconds = seconds
         else:

@@ -504,10 +504,16 @@ class Batcher:
                 pieces: list[tuple[int, int, Outputs | BaseException]], taken_at: float,
                 seconds: float, own_s: float, sound: bool = True) -> None:
         """Hand out a batch's answers, record it, and let the model thread go on (``sound``:
-        see :meth:`_deliver`). Should that fail (a bug of ours), the batch's requests still
+        see :meth:`_deliver`). The drain estimate admission reads gets the time from the
+        batch's take to this hand-out, not only the model's: when the event loop is slow to
+        hand answers out (a busy or starved machine), the queue drains that much slower, and
+        requests admitted on the model's time alone reached their deadlines in the queue (504s
+        under load, in the HPA's scale-out test on a slow machine). Should that fail (a bug of ours), the batch's requests still
         waiting get a 500 at once rather than their deadlines' 504."""
         try:
-            self.estimate.record(seconds)
+            # what the batch held the queue up for: the model's time and the wait for this
+            # turn of the event loop (the next batch starts only once these answers are out)
+            self.estimate.record(max(seconds, perf_counter() - taken_at))
             for request, start, _ in segments:
                 if start == 0 and not request.alone:  # its first rows' wait, once
                     self._observe_queue_wait(taken_at - request.arrival)

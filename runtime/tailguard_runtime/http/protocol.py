@@ -42,8 +42,9 @@
   (:meth:`~tailguard_runtime.http.app.InferenceApp.direct`) with a function that writes its
   whole answer (:meth:`JsonHttpProtocol.respond`): no task, coroutines or ASGI messages per
   request, about a fifth of the event loop's time per request (``benchmarks/README.md``,
-  "Served straight from the protocol"). The answer's bytes, and what happens to the connection, are those
-  uvicorn's cycle would have written (``tests/process/http/test_two_paths.py``).
+  "Served straight from the protocol"). The answer's bytes, and what happens to the
+  connection, are those uvicorn's cycle would have written
+  (``tests/process/http/test_two_paths.py``).
 
 Everything else (keep-alive, pipelining, flow control, the ASGI cycle) is uvicorn's own
 ``HttpToolsProtocol`` (uvicorn 0.54, ``uvicorn/protocols/http/httptools_impl.py``).
@@ -371,8 +372,13 @@ class JsonHttpProtocol(HttpToolsProtocol):
             super()._start_asgi_task(cycle, app)
             return
         self.flow.resume_reading()
-        if not app.direct(cycle.scope, bytes(cycle.body),
-                          functools.partial(self.respond, cycle)):
+        try:
+            served = app.direct(cycle.scope, bytes(cycle.body),
+                                functools.partial(self.respond, cycle))
+        except Exception:  # a bug of ours before the app took the request: ASGI answers it
+            logger.exception("serving %s directly failed", cycle.scope["path"])
+            served = False
+        if not served:
             super()._start_asgi_task(cycle, app)
 
     def respond(self, cycle: RequestResponseCycle, status: int,

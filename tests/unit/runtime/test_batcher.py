@@ -327,6 +327,20 @@ async def test_a_request_reaches_an_idle_model_while_the_event_loop_is_busy() ->
         np.testing.assert_array_equal((await task)[0], _rows(2, 0).sum(axis=1))
 
 
+async def test_the_drain_estimate_counts_the_wait_for_the_answers_hand_out() -> None:
+    """Admission's estimate of a batch is what the batch held the queue up for: a model call
+    of a few ms whose answers wait 0.3 s for a held event loop counts 0.3 s (the model's time
+    alone let requests in that then expired in the queue)."""
+    model = GatedModel()
+    async with started(model, max_batch_size=8, max_wait_ms=0, max_queue_size=64) as batcher:
+        first = await _busy(model, batcher)
+        model.gate.set()
+        time.sleep(0.3)  # the event loop is held: the batch's answers wait for it
+        await first
+        assert batcher.estimate.batch_seconds is not None
+        assert batcher.estimate.batch_seconds >= 0.3
+
+
 async def test_the_next_batch_waits_until_the_last_ones_answers_are_handed_out() -> None:
     """Answers first: the model thread does not start a batch while the event loop still has
     the previous one's answers to hand out (they would wait for the GIL behind it)."""
