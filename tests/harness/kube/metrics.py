@@ -26,9 +26,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -37,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from harness import REPO
+from harness.hack import built
 
 from .controlplane import INNER_URL, ControlPlane
 from .holder import NODE_IP
@@ -58,22 +56,13 @@ START_TIMEOUT_S = 90.0
 
 
 def bindir() -> Path:
-    """The folder of the pipeline's binaries: ``$TAILGUARD_METRICS_BIN`` when set (``make
-    test`` sets it after building), else whatever ``hack/metrics/build.py`` builds or finds
-    cached.
+    """The folder of the pipeline's binaries: ``$TAILGUARD_METRICS_BIN`` when set, else what
+    ``hack/metrics/build.py`` builds or finds cached (:func:`~harness.hack.built`).
 
     Raises:
-        PipelineError: the build failed or Go is missing (its last line says which).
+        PipelineError: the build failed or Go is missing.
     """
-    explicit = os.environ.get("TAILGUARD_METRICS_BIN")
-    if explicit:
-        return Path(explicit)
-    script = REPO / "hack" / "metrics" / "build.py"
-    done = subprocess.run([shutil.which("python3") or "python3", str(script)],
-                          stdout=subprocess.PIPE, text=True)  # progress goes to our stderr
-    if done.returncode != 0:
-        raise PipelineError(f"{script} failed (exit {done.returncode}); see its last line above")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return built("TAILGUARD_METRICS_BIN", "metrics", PipelineError)
 
 
 def _label_name(name: str) -> str:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -41,7 +40,7 @@ from typing import Callable
 
 import yaml
 
-from harness import REPO
+from harness.hack import built
 
 from . import pki
 from .holder import NODE_IP, Holder
@@ -66,21 +65,13 @@ class NodeError(RuntimeError):
 
 def containerd_bindir() -> Path:
     """The folder of ``containerd``, its runc shim and ``ctr``: ``$TAILGUARD_CONTAINERD_BIN``
-    when set (``make test`` sets it after building), else whatever
-    ``hack/containerd/build.py`` builds or finds cached.
+    when set, else what ``hack/containerd/build.py`` builds or finds cached
+    (:func:`~harness.hack.built`).
 
     Raises:
-        NodeError: the build failed or Go is missing (its last line says which).
+        NodeError: the build failed or Go is missing.
     """
-    explicit = os.environ.get("TAILGUARD_CONTAINERD_BIN")
-    if explicit:
-        return Path(explicit)
-    script = REPO / "hack" / "containerd" / "build.py"
-    done = subprocess.run([shutil.which("python3") or "python3", str(script)],
-                          stdout=subprocess.PIPE, text=True)  # progress goes to our stderr
-    if done.returncode != 0:
-        raise NodeError(f"{script} failed (exit {done.returncode}); see its last line above")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return built("TAILGUARD_CONTAINERD_BIN", "containerd", NodeError)
 
 
 @dataclass

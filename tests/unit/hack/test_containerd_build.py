@@ -4,30 +4,17 @@ follows the pin."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from types import ModuleType
 
 from harness import REPO
+from harness.hack import load_build
 
 FOLDER = REPO / "hack" / "containerd"
 MODULE, VERSION = "github.com/containerd/containerd/v2", "v2.4.2"
 
 
-def load() -> ModuleType:
-    key = "hack_containerd_build"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, FOLDER / "build.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 def test_the_module_pins_containerds_three_commands_and_nothing_else() -> None:
-    build = load()
+    build = load_build("containerd")
     gomod = (FOLDER / "go.mod").read_text()
     tools = re.search(r"^tool \(\n(.*?)^\)", gomod, re.M | re.S)
     assert tools is not None, gomod
@@ -39,7 +26,7 @@ def test_the_module_pins_containerds_three_commands_and_nothing_else() -> None:
 
 
 def test_the_cache_folder_follows_the_pin(monkeypatch) -> None:
-    build = load()
+    build = load_build("containerd")
     before = build.target_dir()
     assert before.name.startswith("containerd-")
     monkeypatch.setattr(build, "PROGRAMS", {**build.PROGRAMS, "ctr": build.Program(
