@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from harness import REPO
+from harness.kube.audit import AuditLog
 from harness.kube.client import wait_for
 from harness.kube.images import node_images
+from harness.kube.node import NAME as NODE_NAME
 from harness.onnode import (
     LONG_MS,
     OnNode,
@@ -114,6 +116,8 @@ def test_manual_rollback_under_load_moves_traffic_once_the_fallback_is_ready(
     primaries = [p["metadata"]["name"] for p in primary_pods]
     load = node.load("iris", rate=40, seconds=120, label="rollback")
     time.sleep(6)
+    audit = AuditLog(node.cluster.audit_log)
+    mark = audit.mark()
     node.patch("iris", {"traffic": "fallback"})
     wait_for(lambda: node.selected_role("iris") == "fallback", timeout=90,
              what="the Service to select the fallback")
@@ -141,7 +145,19 @@ def test_manual_rollback_under_load_moves_traffic_once_the_fallback_is_ready(
     records = load.stop(at=time.time() + 5)
 
     assert failures(records) == []
-    assert len(fallback) == 2, "the Service moved before two fallback pods were Ready"
+    # Two fallback pods, as the primary had, unless a primary pod's readiness changed in the
+    # 2 s before the Service moved: the operator moves once the fallback has as many Ready
+    # pods as the primary has then (a CI run saw a primary pod's status written twice 0.7 s
+    # before the move, and the move with one fallback pod; test_guard.py has the same rule)
+    writes = audit.writes(mark, namespace=node.namespace)
+    moved = min(w.received for w in writes if w.resource == "services" and w.name == "iris")
+    changed = [w.received for w in writes
+               if w.user == f"system:node:{NODE_NAME}" and w.resource == "pods"
+               and w.subresource == "status" and w.name.startswith("iris-primary-")
+               and moved - 2.5 <= w.received <= moved + 0.5]
+    needed = 1 if changed else 2
+    assert len(fallback) >= needed, (
+        f"the Service moved before {needed} fallback pods were Ready", changed)
     assert max(ready_since(p) for p in fallback) <= switched
     roles = [(r["done"], r["role"]) for r in records]
     assert roles[0][1] == "primary"
