@@ -17,13 +17,13 @@ from harness import REPO
 from harness.kube.audit import AuditLog
 from harness.kube.client import wait_for
 from harness.kube.images import node_images
-from harness.kube.node import NAME as NODE_NAME
 from harness.onnode import (
     LONG_MS,
     OnNode,
     failures,
     is_ready,
     on_node,
+    primary_readiness_wrote,
     ready_since,
     upgrade_runtime_tag,
 )
@@ -145,16 +145,11 @@ def test_manual_rollback_under_load_moves_traffic_once_the_fallback_is_ready(
     records = load.stop(at=time.time() + 5)
 
     assert failures(records) == []
-    # Two fallback pods, as the primary had, unless a primary pod's readiness changed in the
-    # 2 s before the Service moved: the operator moves once the fallback has as many Ready
-    # pods as the primary has then (a CI run saw a primary pod's status written twice 0.7 s
-    # before the move, and the move with one fallback pod; test_guard.py has the same rule)
+    # Two fallback pods, as the primary had, unless a primary pod's readiness changed just
+    # before the Service moved (primary_readiness_wrote says why)
     writes = audit.writes(mark, namespace=node.namespace)
     moved = min(w.received for w in writes if w.resource == "services" and w.name == "iris")
-    changed = [w.received for w in writes
-               if w.user == f"system:node:{NODE_NAME}" and w.resource == "pods"
-               and w.subresource == "status" and w.name.startswith("iris-primary-")
-               and moved - 2.5 <= w.received <= moved + 0.5]
+    changed = primary_readiness_wrote(audit, mark, node.namespace, "iris", moved)
     needed = 1 if changed else 2
     assert len(fallback) >= needed, (
         f"the Service moved before {needed} fallback pods were Ready", changed)
