@@ -293,9 +293,6 @@ class JsonHttpProtocol(HttpToolsProtocol):
         if not self.parser.should_upgrade():
             super().on_headers_complete()
             self.scope[CLIENT_GONE] = self.transport.is_closing  # type: ignore[literal-required]
-            # the cycle uses write, close and is_closing; OneWriteResponse has them
-            self.cycle.transport = cast(asyncio.Transport, OneWriteResponse(
-                self.transport, self.scope["method"] == "HEAD"))
             return
         method = self.parser.get_method()
         if method == b"CONNECT":
@@ -360,6 +357,14 @@ class JsonHttpProtocol(HttpToolsProtocol):
         if cycle.scope["method"] == "POST" and getattr(app, "direct", None) is not None:
             self.loop.call_soon(self.serve_direct, cycle, app)
             return
+        self._asgi_task(cycle, app)
+
+    def _asgi_task(self, cycle: RequestResponseCycle, app: Callable[..., Any]) -> None:
+        """uvicorn's ASGI task for ``cycle``, writing through a :class:`OneWriteResponse` (a
+        request served directly writes its answer in one write of its own)."""
+        # the cycle uses write, close and is_closing; OneWriteResponse has them
+        cycle.transport = cast(asyncio.Transport, OneWriteResponse(
+            self.transport, cycle.scope["method"] == "HEAD"))
         super()._start_asgi_task(cycle, app)
 
     def serve_direct(self, cycle: RequestResponseCycle, app: Any) -> None:
@@ -369,7 +374,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
         as at the ASGI app's first ``receive()``: a client that closes while its request is
         computed is then seen to leave (its answer is dropped and counted as unanswered)."""
         if cycle.more_body or cycle.disconnected or cycle.waiting_for_100_continue:
-            super()._start_asgi_task(cycle, app)
+            self._asgi_task(cycle, app)
             return
         self.flow.resume_reading()
         try:
@@ -379,7 +384,7 @@ class JsonHttpProtocol(HttpToolsProtocol):
             logger.exception("serving %s directly failed", cycle.scope["path"])
             served = False
         if not served:
-            super()._start_asgi_task(cycle, app)
+            self._asgi_task(cycle, app)
 
     def respond(self, cycle: RequestResponseCycle, status: int,
                 headers: list[tuple[bytes, bytes]], body: bytes) -> None:
