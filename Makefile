@@ -68,7 +68,8 @@ KUBE_VERSION ?= v1.37.2
 # it stops with one line saying so. Three pytest-xdist workers (most tests wait on timers, the
 # cluster and other processes more than they compute): the tests on the real node in one, those
 # that need only a control plane in another (each starts one), the other modules shared between
-# all three (tests/harness/groups.py groups them).
+# all three (tests/harness/groups.py groups them). test-kube runs the two cluster groups side by
+# side on two workers.
 test: install-test
 	@python3 hack/image/build.py >/dev/null && \
 	bin=$$(python3 hack/kube/build.py --tag $(KUBE_VERSION)) && \
@@ -85,7 +86,7 @@ test-kube: install-test
 	containerd=$$(python3 hack/containerd/build.py) && \
 	PATH="$(CURDIR)/$(HELM_DIR):$$PATH" TAILGUARD_KUBE_BIN="$$bin" TAILGUARD_METRICS_BIN="$$metrics" \
 	TAILGUARD_CONTAINERD_BIN="$$containerd" \
-	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -m cluster
+	TAILGUARD_KUBE_VERSION=$(KUBE_VERSION) $(PY) -m pytest -m cluster -n 2 --dist loadgroup
 
 # The copies are real files (no symlinks); tests/test_crd_copies.py fails while they differ.
 crds:
