@@ -1,9 +1,9 @@
-"""Hostile clients on the gRPC port: a flood of streams on one connection, and clients that
-open calls and never read a byte. Each is refused or contained by gRPC's own bounds and the
+"""Hostile clients on the gRPC port: a flood of streams on one connection, clients that
+open calls and never read a byte, and one that floods a connection with pings. Each is refused or contained by gRPC's own bounds and the
 per-address cap on calls (``tailguard_runtime.rpc.service``), and a good client is served
 meanwhile on both ports; draining refuses new calls ``UNAVAILABLE``.
 
-The never-reading client speaks HTTP/2 by hand (the frames of RFC 9113, header blocks as
+The never-reading and pinging clients speak HTTP/2 by hand (the frames of RFC 9113, header blocks as
 HPACK literals without Huffman coding, RFC 7541 §6.2.2), so that it can advertise a receive
 window of 0 and then never read: no gRPC library lets a client misbehave that way.
 """
@@ -184,6 +184,65 @@ def _address_limit_refusals(http: Any) -> float:
     return sum(v for (name, labels), v in scrape(http).items()
                if name == "tailguard_rejections_total"
                and dict(labels).get("reason") == "address_limit")
+
+
+PING, GOAWAY = 0x6, 0x7
+ENHANCE_YOUR_CALM = 0xB
+
+
+def _ping_until_closed(target: str, pings: int, every_s: float) -> list[tuple[int, bytes]]:
+    """Open an HTTP/2 connection with no call, send up to ``pings`` PING frames ``every_s``
+    (s) apart while reading what comes back, and return each frame ``(type, payload)`` the
+    server sent until it closed the connection.
+
+    Raises:
+        AssertionError: the connection is still open 10 s after the last ping.
+    """
+    host, port = target.rsplit(":", 1)
+    data = b""
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(SETTINGS, 0, 0))
+        closed = False
+        for k in range(pings):
+            try:
+                sock.sendall(_frame(PING, 0, 0, struct.pack(">Q", k)))
+            except OSError:  # the server closed it: what it sent before is still to read
+                break
+            time.sleep(every_s)
+        deadline = time.monotonic() + 10
+        while not closed:
+            sock.settimeout(max(deadline - time.monotonic(), 0.01))
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                raise AssertionError("the connection is open 10 s after the pings") from None
+            except ConnectionResetError:
+                chunk = b""
+            closed = not chunk
+            data += chunk
+    frames = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        frames.append((data[3], data[9:9 + length]))
+        data = data[9 + length:]
+    return frames
+
+
+def test_a_client_that_pings_without_calls_is_told_to_calm_down_and_closed(
+        iris_server: RuntimeServer) -> None:
+    """A connection with no call that sends a PING every 50 ms (gRPC's policy allows one
+    per ``MIN_CLIENT_PING_INTERVAL_MS`` with calls, none without them: a ping flood keeps
+    the server's event loop busy) gets a ``GOAWAY`` with ``ENHANCE_YOUR_CALM`` and
+    ``too_many_pings`` once it passes ``grpc.http2.max_ping_strikes`` (2), and the server
+    closes it; a good client is served meanwhile."""
+    frames = _ping_until_closed(iris_server.grpc_target, pings=20, every_s=0.05)
+    goaways = [payload for kind, payload in frames if kind == GOAWAY]
+    assert goaways, [kind for kind, _ in frames]
+    _, code = struct.unpack(">II", goaways[-1][:8])
+    assert code == ENHANCE_YOUR_CALM and b"too_many_pings" in goaways[-1][8:], goaways
+    pongs = sum(1 for kind, _ in frames if kind == PING)
+    assert pongs < 20, f"all {pongs} pings answered"
+    _good_clients_are_served(iris_server)
 
 
 def test_draining_refuses_new_calls_unavailable_and_answers_admitted_ones(
