@@ -1,11 +1,13 @@
 """Hostile clients on the gRPC port: a flood of streams on one connection, clients that
-open calls and never read a byte, and one that floods a connection with pings. Each is refused or contained by gRPC's own bounds and the
-per-address cap on calls (``tailguard_runtime.rpc.service``), and a good client is served
-meanwhile on both ports; draining refuses new calls ``UNAVAILABLE``.
+open calls and never read a byte, and a connection flooded with pings. Each is refused or
+contained by gRPC's own bounds and the per-address cap on calls
+(``tailguard_runtime.rpc.service``), and a good client is served meanwhile on both ports;
+draining refuses new calls ``UNAVAILABLE``.
 
-The never-reading and pinging clients speak HTTP/2 by hand (the frames of RFC 9113, header blocks as
-HPACK literals without Huffman coding, RFC 7541 §6.2.2), so that it can advertise a receive
-window of 0 and then never read: no gRPC library lets a client misbehave that way.
+The never-reading and pinging clients speak HTTP/2 by hand (the frames of RFC 9113, header
+blocks as HPACK literals without Huffman coding, RFC 7541 §6.2.2), so that one can advertise
+a receive window of 0 and then never read, and the other ping with no call: no gRPC library
+lets a client misbehave that way.
 """
 
 from __future__ import annotations
