@@ -37,10 +37,15 @@ def test_a_callback_that_holds_the_loop_shows_with_the_samples_it_missed(kind: s
 
     run_on(kind, body)
     # the timer fell due within the first 10 ms of the 300 ms stall and ran at its end; the
-    # samples it missed meanwhile are filled in, one per 10 ms, down to its start
-    assert 0.28 <= max(samples) <= 0.6, samples
+    # samples it missed meanwhile follow it, one per 10 ms, down to its start (a busy machine
+    # adds stalls of its own elsewhere in the list, so their count is not a bound)
+    top = samples.index(max(samples))
+    assert 0.28 <= samples[top] <= 0.6, samples
     assert min(samples) >= 0.0
-    assert 25 <= sum(s > 0.005 for s in samples) <= 60, samples
+    run = 1
+    while top + run < len(samples) and abs(samples[top + run - 1] - samples[top + run] - 0.01) < 1e-9:
+        run += 1
+    assert run == int(samples[top] / 0.01 - 1e-9) + 1, (run, samples[top:top + run + 1])
     assert len(samples) >= 45  # 0.7 s of wall time at one sample per 10 ms, busy or not
 
 
