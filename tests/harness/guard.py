@@ -129,6 +129,25 @@ def assert_rolled_back_on_streak(windows: list[dict[str, Any]], status: dict[str
     return delay
 
 
+ATTACK_VERDICTS = {"deadline": "refused for their deadline or timed out",
+                   "errors": "error rate"}
+"""What the guard's reason says (``tailguard.guard.policy``) when it counts a window's
+requests refused for their deadline or expired, and when it counts its errors."""
+
+
+def assert_the_attack_was_left_out(judged: list[dict[str, Any]], kind: str) -> None:
+    """Check that the guard judged ``judged`` (:meth:`StatusPoller.ordered`'s windows with
+    enough samples) on the model alone, beside an attack whose requests would be a breach of
+    ``kind`` (a key of :data:`ATTACK_VERDICTS`) if they were counted: no window's reason names
+    that breach, and at least half of the windows are ``ok``. The others may be a latency
+    breach or an overload by queueing: a shared machine that stalls the server for a moment
+    makes a window of slow answers, which the guard rightly judges (a CI run beside another
+    suite saw one)."""
+    said = [(w["guard"]["state"], w["guard"].get("lastDecisionReason", "")) for w in judged]
+    assert not [reason for _, reason in said if ATTACK_VERDICTS[kind] in reason], said
+    assert sum(state == "ok" for state, _ in said) >= len(said) / 2, said
+
+
 def load(up: Up, name: str, tmp_path: Path, *, rate: float, duration_s: float,
          extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Run `tailguard bench` open loop to completion (no warm-up: the whole schedule is measured,

@@ -29,6 +29,7 @@ from harness.guard import (
     Attacker,
     StatusPoller,
     assert_rolled_back_on_streak,
+    assert_the_attack_was_left_out,
     load,
     rollbacks,
 )
@@ -133,7 +134,7 @@ def test_a_client_whose_rows_the_model_rejects_never_rolls_a_healthy_primary_bac
     judged = [w for w in windows if w["observed"]["samples"] >= 10]
     assert len(judged) >= 6, [w["observed"] for w in windows]
     assert all(w["activeModel"] == "primary" for w in windows)
-    assert all(w["guard"]["state"] == "ok" for w in judged), [w["guard"] for w in judged]
+    assert_the_attack_was_left_out(judged, "errors")
     assert set(rollbacks(up, "probe").values()) == {0.0}
     rejected = sum(w["observed"].get("excluded", {}).get("input_rejected", 0) for w in windows)
     assert rejected >= 10, [w["observed"] for w in windows]
