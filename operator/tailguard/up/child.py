@@ -21,7 +21,8 @@ from typing import Mapping
 
 TAILGUARD = [sys.executable, "-m", "tailguard.cli.main"]
 WAIT_S = 60.0
-"""Upper bound on waiting for a line the process is expected to print (s)."""
+"""Upper bound on waiting for a line the process is expected to print (s): for the banner,
+how long it may print nothing."""
 
 
 class UpFailed(RuntimeError):
@@ -29,18 +30,46 @@ class UpFailed(RuntimeError):
 
 
 class UpProcess:
-    """A running `tailguard up` process, its base URL, and what it printed."""
+    """A running `tailguard up` process, its base URL, and what it printed (read from its
+    start by a thread of its own)."""
 
-    def __init__(self, proc: subprocess.Popen[str], port: int, printed: list[str]) -> None:
-        self.proc, self.port, self.printed = proc, port, printed
-        self.base = f"http://127.0.0.1:{port}"
+    def __init__(self, proc: subprocess.Popen[str], port: int = 0) -> None:
+        self.proc = proc
+        self.printed: list[str] = []
+        self.port, self.base = port, f"http://127.0.0.1:{port}"
+        self._lines = threading.Condition()
+        self._ended = False  # its output ended (the process exited)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.printed.append(line)
+            with self._lines:
+                self.printed.append(line)
+                self._lines.notify_all()
+        with self._lines:
+            self._ended = True
+            self._lines.notify_all()
+
+    def wait_for_banner(self, banner: re.Pattern[str], quiet_s: float) -> bool:
+        """Wait for a printed line matching ``banner`` and take the port in its group 1;
+        False when the process's output ends first, or it prints nothing for ``quiet_s``
+        seconds."""
+        checked = 0
+        with self._lines:
+            while True:
+                for line in self.printed[checked:]:
+                    match = banner.search(line)
+                    if match:
+                        self.port = int(match.group(1))
+                        self.base = f"http://127.0.0.1:{self.port}"
+                        return True
+                checked = len(self.printed)
+                if self._ended:
+                    return False
+                if not self._lines.wait(quiet_s) and len(self.printed) == checked:
+                    return False
 
     def text(self) -> str:
         """Everything printed so far."""
@@ -99,8 +128,10 @@ def start_up(spec: Path | str, timeout_s: float = WAIT_S, env: Mapping[str, str]
     the caller, which stops it by PID (:meth:`UpProcess.stop`).
 
     Raises:
-        UpFailed: the process exited or printed no banner within ``timeout_s`` seconds (it is
-            killed); the message carries what it printed.
+        UpFailed: the process exited before its banner, or printed nothing for ``timeout_s``
+            seconds (it is killed); the message carries what it printed. The wait is for
+            silence, not a deadline: on a busy machine a model can take most of a minute to
+            load, and each model's line restarts the wait.
     """
     shown = f"[{host}]" if host and ":" in host else host or "127.0.0.1"
     banner = re.compile(rf"on http://{re.escape(shown)}:(\d+)")
@@ -109,18 +140,9 @@ def start_up(spec: Path | str, timeout_s: float = WAIT_S, env: Mapping[str, str]
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                             stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                             start_new_session=own_session)
-    deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        match = banner.search(line)
-        if match:
-            return UpProcess(proc, int(match.group(1)), seen)
+    up = UpProcess(proc)
+    if up.wait_for_banner(banner, timeout_s):
+        return up
     proc.kill()
-    proc.wait()
-    proc.stdout.close()
-    raise UpFailed("tailguard up did not start:\n" + "".join(seen))
+    up.wait()
+    raise UpFailed("tailguard up did not start:\n" + up.text())
