@@ -68,14 +68,15 @@ class Request:
     take; see :meth:`BatchQueue.send_back`).
     """
 
-    __slots__ = ("x", "n_rows", "arrival", "deadline", "future", "taken", "parts", "timer",
-                 "alone")
+    __slots__ = ("x", "n_rows", "arrival", "deadline", "wait_until", "future", "taken", "parts",
+                 "timer", "alone")
 
     def __init__(self, x: np.ndarray, arrival: float, deadline: float, future: Any) -> None:
         self.x = x
         self.n_rows = x.shape[0]
         self.arrival = arrival
         self.deadline = deadline
+        self.wait_until = wait_until(arrival, deadline)
         self.future = future
         self.taken = 0
         self.parts: list[Outputs] = []
@@ -84,16 +85,31 @@ class Request:
 
 
 WINDOW_SLACK_S = 0.010
-"""Seconds a forming batch keeps in hand before the earliest deadline: the model thread's wake-up,
-which may wait for the GIL up to CPython's switch interval (``sys.getswitchinterval()``, 5 ms)
-while the event loop runs, and the answers' hand-out, which waits for a turn of the event loop.
-Much less than that is too little on a machine whose cores are busy with other work: a
-request's deadline passes on an otherwise idle server."""
+"""Seconds a forming batch keeps in hand before the earliest deadline, at the least: the model
+thread's wake-up, which may wait for the GIL up to CPython's switch interval
+(``sys.getswitchinterval()``, 5 ms) while the event loop runs, and the answers' hand-out, which
+waits for a turn of the event loop. Much less than that is too little on a machine whose cores
+are busy with other work: a request's deadline passes on an otherwise idle server."""
 
-def latest_dispatch(deadline: float, batch_s: float) -> float:
-    """The latest time (``perf_counter`` s) a batch holding a request due at ``deadline`` may go:
-    twice the expected model time ``batch_s`` and :data:`WINDOW_SLACK_S` before it."""
-    return deadline - 2 * batch_s - WINDOW_SLACK_S
+WINDOW_SLACK_SHARE = 0.05
+"""The share of a request's own time (its deadline less its arrival) a forming batch keeps in
+hand, when that is more than :data:`WINDOW_SLACK_S`. A stall of a busy machine is not known
+in advance: a lone request that allowed 2 s, held for batch-mates until 10 ms before its
+deadline, got a 504 when another suite shared the machine. The last 5% costs a batch little
+of its window."""
+
+
+def wait_until(arrival: float, deadline: float) -> float:
+    """The latest time (``perf_counter`` s) a forming batch may hold a request that arrived at
+    ``arrival`` and is due at ``deadline``, before its model time: ``deadline`` less
+    :data:`WINDOW_SLACK_SHARE` of its time, or :data:`WINDOW_SLACK_S` if more."""
+    return deadline - max(WINDOW_SLACK_S, WINDOW_SLACK_SHARE * (deadline - arrival))
+
+
+def latest_dispatch(request: Request, batch_s: float) -> float:
+    """The latest time (``perf_counter`` s) a batch holding ``request`` may go: its
+    :func:`wait_until` less twice the expected model time ``batch_s``."""
+    return request.wait_until - 2 * batch_s
 
 
 Segment = tuple[Request, int, int]
@@ -151,10 +167,10 @@ class BatchQueue:
 
         ``None`` when nothing is queued; ``-inf`` (at once) when the batch is already full, when
         ``max_wait_s`` is 0, or when flushing; otherwise the first queued request's arrival plus
-        ``max_wait_s``, but no later than the earliest queued deadline minus twice ``batch_s``
-        (the expected model time, in seconds) and :data:`WINDOW_SLACK_S`: waiting for
-        batch-mates never costs a request its deadline, even when the model call runs slower
-        than usual.
+        ``max_wait_s``, but no later than the earliest queued :func:`wait_until` (a deadline
+        less its slack) minus twice ``batch_s`` (the expected model time, in seconds): waiting
+        for batch-mates never costs a request its deadline, even when the model call runs
+        slower than usual.
         """
         self._drop_dead_head()
         if not self._items:
@@ -163,10 +179,11 @@ class BatchQueue:
                 or self._items[0].alone):
             return float("-inf")
         # a future may finish at any time (the event loop cancels without the batcher's lock)
-        earliest = min((r.deadline for r in self._items if not r.future.done()), default=None)
-        if earliest is None:
+        latest = min((latest_dispatch(r, batch_s) for r in self._items if not r.future.done()),
+                     default=None)
+        if latest is None:
             return float("-inf")  # all finished since the head was dropped: take() drops them
-        return min(self._items[0].arrival + self.max_wait_s, latest_dispatch(earliest, batch_s))
+        return min(self._items[0].arrival + self.max_wait_s, latest)
 
     def take(self, now: float) -> tuple[list[Segment], list[Request]]:
         """Form the next batch of at most ``max_batch_size`` rows.
@@ -411,7 +428,7 @@ class Batcher:
         if (self._wake_at == float("inf") or queue.flush or queue.max_wait_s <= 0
                 or queue.queued_rows >= queue.max_batch_size):
             return True
-        return latest_dispatch(request.deadline, self.estimate.batch_seconds or 0.0) < self._wake_at
+        return latest_dispatch(request, self.estimate.batch_seconds or 0.0) < self._wake_at
 
     def _discard(self, request: Request) -> None:
         """Drop ``request``'s rows not yet taken (on the event loop)."""

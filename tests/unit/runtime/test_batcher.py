@@ -11,7 +11,13 @@ from typing import AsyncIterator, Callable
 import numpy as np
 import pytest
 
-from tailguard_runtime.batcher import WINDOW_SLACK_S, Batcher, BatchQueue, Request
+from tailguard_runtime.batcher import (
+    WINDOW_SLACK_S,
+    WINDOW_SLACK_SHARE,
+    Batcher,
+    BatchQueue,
+    Request,
+)
 from tailguard_runtime.errors import (
     DeadlineExceeded,
     Draining,
@@ -66,6 +72,19 @@ def test_the_window_closes_in_time_for_the_earliest_deadline() -> None:
     queue.push(_req(1, arrival=10.1, deadline=10.2))
     assert queue.dispatch_at(batch_s=0.05) == pytest.approx(10.2 - 0.1 - WINDOW_SLACK_S)
     assert queue.dispatch_at() == pytest.approx(10.2 - WINDOW_SLACK_S)
+
+
+def test_a_long_deadline_keeps_a_share_of_its_time_in_hand() -> None:
+    """A request that allows 2 s is held for batch-mates until 5% of its time (100 ms) before
+    its deadline, not 10 ms: a stall of a busy machine does not cost it its answer."""
+    queue = BatchQueue(max_batch_size=8, max_wait_s=3.0)
+    queue.push(_req(1, arrival=10.0, deadline=12.0))
+    assert queue.dispatch_at() == pytest.approx(12.0 - WINDOW_SLACK_SHARE * 2.0)
+    assert queue.dispatch_at(batch_s=0.05) == pytest.approx(12.0 - 0.1 - 0.1)
+    # the earliest of the requests' own limits closes the window, not the earliest deadline:
+    # this one is due first (11.95) but may wait until 11.94
+    queue.push(_req(1, arrival=11.85, deadline=11.95))
+    assert queue.dispatch_at() == pytest.approx(11.9)
 
 
 def test_empty_queue_has_nothing_to_dispatch() -> None:
