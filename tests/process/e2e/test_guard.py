@@ -63,12 +63,14 @@ def test_a_primary_too_slow_for_its_slo_is_rolled_back_on_its_own(slow: Up, tmp_
     # within breachWindows x windowSeconds + 2 s of the end of the first breached window
     rolled_at = stamp(status["guard"]["rolledBackAt"])
     first_breach_end = rolled_at - assert_rolled_back_on_streak(windows, status)
-    # p99 is back under the SLO in the next window, on the fallback
+    # the next windows are the fallback's, and its p99 is back under the SLO: in the first
+    # (a machine busy with another suite stalled one to 500 ms, so a later one may be the first)
     after = [w for w in windows if stamp(w["observed"]["windowEnd"]) > rolled_at]
-    assert after[0]["observed"]["role"] == "fallback"
-    assert after[0]["observed"]["samples"] >= 10 and after[0]["observed"]["p99Ms"] <= 150
-    assert {c["type"]: c["status"] for c in after[0]["conditions"]} == {"SLOMet": "True",
-                                                                        "RolledBack": "True"}
+    assert after and all(w["observed"]["role"] == "fallback" for w in after)
+    met = [w for w in after if w["observed"]["samples"] >= 10 and w["observed"]["p99Ms"] <= 150]
+    assert met, [w["observed"] for w in after]
+    assert {c["type"]: c["status"] for c in met[0]["conditions"]} == {"SLOMet": "True",
+                                                                      "RolledBack": "True"}
     # answers name the model: the primary before the first breach, the fallback after the switch
     assert {a["role"] for a in answers if a["done"] < first_breach_end - 1} <= {"primary"}
     late = [a["role"] for a in answers if a["sent"] > rolled_at + 0.5]
@@ -97,7 +99,9 @@ def test_a_primary_too_slow_for_its_slo_is_rolled_back_on_its_own(slow: Up, tmp_
 def test_idle_and_overload_never_roll_back(busy: Up, tmp_path: Path) -> None:
     # idle: several windows without traffic are Unknown, never a breach
     with StatusPoller(busy) as poller:
-        time.sleep(4)
+        deadline = time.monotonic() + 30  # three 1 s windows, or a busy machine's few more
+        while len(poller.windows) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
     idle = poller.ordered()
     assert len(idle) >= 2
     for window in idle:

@@ -22,7 +22,10 @@ import numpy as np
 from harness.runtime import (
     RuntimeServer,
     error_of,
+    gated_row,
     labels,
+    new_gate,
+    open_gate,
     probe_rows,
     probe_runtime,
     scrape,
@@ -42,7 +45,7 @@ def _poisoned(n: int, at: int, marker: float, seed: int) -> np.ndarray:
     return x
 
 
-def _wait_for(client: httpx.Client, sample: str, value: float, timeout_s: float = 5.0) -> None:
+def _wait_for(client: httpx.Client, sample: str, value: float, timeout_s: float = 30.0) -> None:
     """Poll ``/metrics`` until the probe primary's ``sample`` reads ``value``."""
     deadline = time.monotonic() + timeout_s
     seen = None
@@ -152,34 +155,38 @@ def test_every_row_poisoned_fails_alone(probe_server: tuple[RuntimeServer, Any])
 
 
 def test_clients_that_disconnect_never_stall_batching(
-        probe_server: tuple[RuntimeServer, Any]) -> None:
+        probe_server: tuple[RuntimeServer, Any], probe_module: tuple[ModuleType, Path]) -> None:
     """Clients that hang up while queued, or halfway through sending their body, leave the
-    model serving everyone else, and leave no row counted as waiting."""
+    model serving everyone else, and leave no row counted as waiting. A gated row holds the
+    model while they queue (a fixed sleep ran out on a machine busy with another suite)."""
     server, model = probe_server
     body = json.dumps(v1_body(probe_rows(3, seed=300))).encode()
     head = (f"POST {V1} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     goods = [probe_rows(1 + i % 3, seed=400 + i) for i in range(8)]
-    with server.client(limits=httpx.Limits(max_connections=16)) as client:
-        results: dict[str, httpx.Response] = {}
-        blocker = threading.Thread(target=lambda: results.__setitem__(
-            "blocker", client.post(V1, json=v1_body(slow_row(800)))))
-        blocker.start()
-        _wait_for(client, "tailguard_in_flight_requests", 1.0)
-        for _ in range(3):  # whole request queued, then gone
+    gate = new_gate()
+    with server.client(limits=httpx.Limits(max_connections=16)) as client, \
+            ThreadPoolExecutor(max_workers=9) as pool:
+        try:
+            blocker = pool.submit(client.post, V1, json=v1_body(gated_row(gate)))
+            _wait_for(client, "tailguard_in_flight_requests", 1.0)
+            for _ in range(3):  # whole request queued, then gone
+                with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                    sock.sendall(head + body)
+            _wait_for(client, "tailguard_queue_depth", 9.0)
             with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-                sock.sendall(head + body)
-        _wait_for(client, "tailguard_queue_depth", 9.0)
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall(head + body[: len(body) // 2])  # gone mid-body
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            answers = list(pool.map(lambda x: client.post(V1, json=v1_body(x)), goods))
-        blocker.join(timeout=30)
+                sock.sendall(head + body[: len(body) // 2])  # gone mid-body
+            answers = [pool.submit(client.post, V1, json=v1_body(x)) for x in goods]
+            _wait_for(client, "tailguard_queue_depth", 9.0 + sum(len(x) for x in goods))
+        finally:
+            open_gate(probe_module, gate)
+        held = blocker.result(timeout=60)
+        answered = [a.result(timeout=60) for a in answers]
         _wait_for(client, "tailguard_in_flight_requests", 0.0)
         _wait_for(client, "tailguard_queue_depth", 0.0)
         ready = client.get("/v2/health/ready")
-    assert results["blocker"].status_code == 200
-    for x, r in zip(goods, answers):
+    assert held.status_code == 200
+    for x, r in zip(goods, answered):
         assert r.status_code == 200, r.text
         np.testing.assert_array_equal(r.json()["predictions"], model.predict(x))
     assert ready.status_code == 200
