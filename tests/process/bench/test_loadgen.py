@@ -200,7 +200,10 @@ def test_an_inference_service_yaml_is_served_measured_and_stopped(tmp_path: Path
     assert report["rows"] == ("scikit-learn's iris dataset "
                               "(builtin://iris/random-forest?trees=10)")
     run, = report["runs"]
-    assert run["ok"] == run["sent"] > 0 and run["slo"] == "held"
+    assert run["ok"] == run["sent"] > 0
+    # its verdict is its own p99 against the spec's 500 ms (held on a quiet machine; beside a
+    # whole make test one run's p99 passed it)
+    assert run["slo"] == ("held" if run["latency_ms"]["p99"] <= 500 else "broke"), run
     # the `tailguard up` it started is gone: nothing answers on its port any more
     code, _, err = bench(report["target"], "--rate", "10", "--duration", "1")
     assert code == 1 and err.startswith("tailguard bench: no answer from") and len(
