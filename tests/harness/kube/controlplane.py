@@ -42,7 +42,6 @@ from harness import REPO
 from . import pki
 from .holder import NODE_IP, Holder
 from .node import POD_CIDR, Node, NodeError, containerd_bindir
-from .node import START_TIMEOUT_S as NODE_START_TIMEOUT_S
 from .procs import end
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -202,7 +201,7 @@ class ControlPlane:
         self.start_node()
         if self.node is None or self._node_start is None:
             raise NodeError("this control plane was started without a real node")
-        if not self._node_started.wait(NODE_START_TIMEOUT_S + 60):
+        if not self._node_started.wait(self.node.start_bound_s() + 60):
             raise NodeError("the real node's start never ended")
         if self._node_error is not None:
             raise NodeError(f"the real node did not start: {self._node_error}"
@@ -213,8 +212,8 @@ class ControlPlane:
         """End every process this control plane started, newest first, by PID, each before
         the next (an API server whose etcd is gone hangs in its graceful shutdown): the real
         node first (once its start has ended), the holder and its namespace last."""
-        if self._node_start is not None:
-            self._node_started.wait(NODE_START_TIMEOUT_S + 60)
+        if self._node_start is not None and self.node is not None:
+            self._node_started.wait(self.node.start_bound_s() + 60)
         if self.node is not None:
             self.node.stop()
         if self._node_start is not None:

@@ -57,6 +57,10 @@ CNI_BIN = Path("/usr/lib/cni")
 ``loopback``."""
 KUBELET_PORT = 10250
 START_TIMEOUT_S = 120.0
+"""How long containerd has to answer after its start, and the node to be Ready after the
+kubelet's (s)."""
+IMPORT_TIMEOUT_S = 300.0
+"""How long one ``ctr images import`` may take (s)."""
 
 
 class NodeError(RuntimeError):
@@ -100,26 +104,33 @@ class Node:
     def logs(self) -> Path:
         return self.workdir / "logs"
 
+    def start_bound_s(self) -> float:
+        """The longest :meth:`start` can take before it raises (s): its steps' own limits."""
+        return 2 * START_TIMEOUT_S + IMPORT_TIMEOUT_S * len(self.images)
+
     def start(self, ready: Callable[[], bool]) -> None:
         """Start containerd (and import the images), the kubelet and kube-proxy; return when
         ``ready()`` (the caller's check that the Node is Ready) holds.
 
         Raises:
-            NodeError: a component exited, an import failed, or the node was not Ready in
-                :data:`START_TIMEOUT_S`.
+            NodeError: a component exited, an import failed, containerd did not answer within
+                :data:`START_TIMEOUT_S` of its start, an image import took
+                :data:`IMPORT_TIMEOUT_S`, or the node
+                was not Ready :data:`START_TIMEOUT_S` after the kubelet started. Each step has
+                its own time: beside another suite the imports alone took two minutes, and a
+                deadline for the whole start ran out as the kubelet started.
         """
-        deadline = time.monotonic() + START_TIMEOUT_S
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         self._cgroups_make()
-        self._start_containerd(deadline)
+        self._start_containerd(time.monotonic() + START_TIMEOUT_S)
         for archive in self.images:
             done = self.ctr("images", "import", str(archive), check=False,
-                            timeout=300)
+                            timeout=IMPORT_TIMEOUT_S)
             if done.returncode != 0:
                 raise NodeError(f"ctr images import {archive} failed: {done.stderr.strip()}")
         self._start_kubelet()
-        self._wait(deadline, "the node to be Ready", ready)
+        self._wait(time.monotonic() + START_TIMEOUT_S, "the node to be Ready", ready)
         self._start_kube_proxy()
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 60
