@@ -106,10 +106,11 @@ def wait_until(arrival: float, deadline: float) -> float:
     return deadline - max(WINDOW_SLACK_S, WINDOW_SLACK_SHARE * (deadline - arrival))
 
 
-def latest_dispatch(request: Request, batch_s: float) -> float:
-    """The latest time (``perf_counter`` s) a batch holding ``request`` may go: its
-    :func:`wait_until` less twice the expected model time ``batch_s``."""
-    return request.wait_until - 2 * batch_s
+def latest_dispatch(wait_until: float, batch_s: float) -> float:
+    """The latest time (``perf_counter`` s) a batch may go that holds a request it may hold
+    until ``wait_until`` (:func:`wait_until`): twice the expected model time ``batch_s``
+    before it."""
+    return wait_until - 2 * batch_s
 
 
 Segment = tuple[Request, int, int]
@@ -179,11 +180,10 @@ class BatchQueue:
                 or self._items[0].alone):
             return float("-inf")
         # a future may finish at any time (the event loop cancels without the batcher's lock)
-        latest = min((latest_dispatch(r, batch_s) for r in self._items if not r.future.done()),
-                     default=None)
-        if latest is None:
+        earliest = min((r.wait_until for r in self._items if not r.future.done()), default=None)
+        if earliest is None:
             return float("-inf")  # all finished since the head was dropped: take() drops them
-        return min(self._items[0].arrival + self.max_wait_s, latest)
+        return min(self._items[0].arrival + self.max_wait_s, latest_dispatch(earliest, batch_s))
 
     def take(self, now: float) -> tuple[list[Segment], list[Request]]:
         """Form the next batch of at most ``max_batch_size`` rows.
@@ -428,7 +428,8 @@ class Batcher:
         if (self._wake_at == float("inf") or queue.flush or queue.max_wait_s <= 0
                 or queue.queued_rows >= queue.max_batch_size):
             return True
-        return latest_dispatch(request, self.estimate.batch_seconds or 0.0) < self._wake_at
+        return latest_dispatch(request.wait_until, self.estimate.batch_seconds or 0.0
+                               ) < self._wake_at
 
     def _discard(self, request: Request) -> None:
         """Drop ``request``'s rows not yet taken (on the event loop)."""

@@ -115,10 +115,10 @@ class Node:
         Raises:
             NodeError: a component exited, an import failed, containerd did not answer within
                 :data:`START_TIMEOUT_S` of its start, an image import took
-                :data:`IMPORT_TIMEOUT_S`, or the node
-                was not Ready :data:`START_TIMEOUT_S` after the kubelet started. Each step has
-                its own time: beside another suite the imports alone took two minutes, and a
-                deadline for the whole start ran out as the kubelet started.
+                :data:`IMPORT_TIMEOUT_S`, or the node was not Ready :data:`START_TIMEOUT_S`
+                after the kubelet started. Each step has its own time: beside another suite
+                the imports alone took two minutes, and a deadline for the whole start ran
+                out as the kubelet started.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
