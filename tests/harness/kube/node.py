@@ -125,8 +125,12 @@ class Node:
         self._cgroups_make()
         self._start_containerd(time.monotonic() + START_TIMEOUT_S)
         for archive in self.images:
-            done = self.ctr("images", "import", str(archive), check=False,
-                            timeout=IMPORT_TIMEOUT_S)
+            try:
+                done = self.ctr("images", "import", str(archive), check=False,
+                                timeout=IMPORT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise NodeError(f"ctr images import {archive} took over {IMPORT_TIMEOUT_S:g} s"
+                                ) from None
             if done.returncode != 0:
                 raise NodeError(f"ctr images import {archive} failed: {done.stderr.strip()}")
         self._start_kubelet()
