@@ -137,8 +137,9 @@ def assert_admitted_answered(records: list[dict[str, Any]]) -> None:
     A request is admitted when the queue's work ahead, at the pace the runtime measured, meets
     its deadline (``timeoutMs``, 10 s here). Should the machine stall after that (another
     suite on its two cores, a new pod's start), the request waits out its deadline and is
-    answered 504 then: the deadline enforced. In one run 50 requests of the load, sent
-    within 3.4 s, were. A 500, a 503 or a dropped connection is a defect, and so are 504s
+    answered 504 then: the deadline enforced. (Before the node's pods had their CPU weight,
+    :data:`harness.kube.node.CPU_SHARES`, 127 of 1,464 requests were, beside the rest of the
+    suite; none since.) A 500, a 503 or a dropped connection is a defect, and so are 504s
     beyond :data:`LATE_SHARE` of the requests, or one answered well past its deadline."""
     failed = admitted_failures(records)
     assert [r for r in failed if r["status"] != 504] == [], failed[:5]
