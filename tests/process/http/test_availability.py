@@ -682,17 +682,24 @@ def test_requests_refused_back_to_back_are_answered_at_the_refusal_pace(
                 with lock:
                     answers.append(code)
 
+    delayed_key = ("tailguard_refusals_delayed_total", (("model", "iris"),))
     started = time.monotonic()
     stop, threads = in_background(refused, 2)
     latencies: list[float] = []
+    delayed = 0.0
     try:
         with paced.client(timeout=30) as client:
-            while time.monotonic() - started < 3.0:
+            # 3 s, and on until the pacing has shown twice (at most 30 s): on a machine shared
+            # with another suite, two clients sent too slowly to pass their budgets in 3 s
+            while time.monotonic() - started < 3.0 or (
+                    delayed < 2 and time.monotonic() - started < 30.0):
                 began = time.perf_counter()
                 reply = client.post(IRIS_V1, json={"instances": [[5.1, 3.5, 1.4, 0.2]]})
                 latencies.append(time.perf_counter() - began)
                 assert reply.status_code == 200, reply.text
                 time.sleep(0.05)
+                if time.monotonic() - started >= 3.0:
+                    delayed = scrape(client).get(delayed_key, 0.0)
     finally:
         stop.set()
         for thread in threads:
@@ -704,6 +711,6 @@ def test_requests_refused_back_to_back_are_answered_at_the_refusal_pace(
     at_once = 2 * REFUSALS_PER_S * (REFUSAL_BURST_S + elapsed)
     assert len(answers) <= at_once + 2 * (elapsed / REFUSAL_DELAY_S + 1), (len(answers), elapsed)
     with paced.client() as client:
-        delayed = scrape(client)[("tailguard_refusals_delayed_total", (("model", "iris"),))]
+        delayed = scrape(client)[delayed_key]
     assert delayed >= 2
     assert max(latencies) < REFUSAL_DELAY_S * 0.75, f"a valid request waited {max(latencies):.2f} s"
