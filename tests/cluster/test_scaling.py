@@ -139,7 +139,7 @@ def assert_admitted_answered(records: list[dict[str, Any]]) -> None:
     suite on its two cores, a new pod's start), the request waits out its deadline and is
     answered 504 then: the deadline enforced. (Before the node's pods had their CPU weight,
     :data:`harness.kube.node.CPU_SHARES`, 127 of 1,464 requests were, beside the rest of the
-    suite; none since.) A 500, a 503 or a dropped connection is a defect, and so are 504s
+    suite; none in the runs since.) A 500, a 503 or a dropped connection is a defect, and so are 504s
     beyond :data:`LATE_SHARE` of the requests, or one answered well past its deadline."""
     failed = admitted_failures(records)
     assert [r for r in failed if r["status"] != 504] == [], failed[:5]
@@ -225,9 +225,9 @@ def test_the_hpa_scales_out_on_queue_depth_and_back_in_after_its_window(
         records = heavy.stop(recovered + 15)
     finally:
         heavy.abandon()
-    # Admitted requests all answered: a 429 is a refusal at admission (the queue's work
-    # ahead would pass the request's deadline), which a machine stalled by other work can
-    # cause before the new pods serve.
+    # Admitted requests answered: a 429 is a refusal at admission (the queue's work ahead
+    # would pass the request's deadline), which a machine stalled by other work can cause
+    # before the new pods serve.
     assert_admitted_answered(records)
     tail = sorted((r["done"] - r["scheduled"]) * 1000 for r in records
                   if r["scheduled"] >= recovered and r["status"] == 200)
