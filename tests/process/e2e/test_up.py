@@ -100,8 +100,8 @@ def test_rollback_moves_traffic_to_the_fallback_with_no_failed_request(up: Up, d
     """Answers carry predict_proba: the forest's and the logistic regression's differ on every
     row, so each answer shows which model computed it. Requests answered before the switch began
     came from the primary; requests sent after `tailguard rollback` returned come from the
-    fallback; those in between may come from either (they finish where they were admitted). None fails
-    but by its own deadline on a stalled machine."""
+    fallback; those in between may come from either (they finish where they were admitted).
+    None fails but by its own deadline on a stalled machine."""
     x, forest, linear = digits
     results: list[tuple[float, float, int, int, np.ndarray | None]] = []
     stop = threading.Event()
